@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# One-command setup: creates .venv and installs the whole platform (torch stack, Spark, Feast,
+# Great Expectations, Airflow, MLflow) in the order DESIGN.md requires. Safe to run twice: the
+# second run only checks a stamp of the requirement files and exits in seconds.
+#   LATTICE_TORCH_INDEX=https://download.pytorch.org/whl/cpu  lets pip take torch's CPU wheel
+#   instead of PyPI's CUDA build on machines without a local CPU wheel.
+#   LATTICE_WITH_BROWSER=1  also installs Debian's chromium + chromedriver (browser tests).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3.11}
+command -v "$PY" >/dev/null || PY=python3
+VENV=.venv
+STAMP=$VENV/.lattice-setup-stamp
+want=$(cat requirements-torch.txt requirements.txt requirements.lock pyproject.toml infra/setup.sh | sha256sum | cut -c1-16)
+
+if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] && $VENV/bin/python -c "import torchrec, pyspark, feast, airflow" 2>/dev/null; then
+  echo "setup: .venv is up to date ($want)"
+else
+  [ -x $VENV/bin/python ] || "$PY" -m venv $VENV
+  PIP="$VENV/bin/pip --disable-pip-version-check"
+  extra=()
+  [ -n "${LATTICE_TORCH_INDEX:-}" ] && extra=(--extra-index-url "$LATTICE_TORCH_INDEX")
+  echo "setup: [1/3] torch stack (torch 2.13 CPU, fbgemm-gpu-cpu 1.8, torchrec 1.8 --no-deps)"
+  $PIP install -q "${extra[@]}" -r requirements-torch.txt -c requirements.lock
+  # torchrec declares the CUDA fbgemm-gpu; its real deps are in requirements-torch.txt
+  $PIP install -q --no-deps torchrec==1.8.0
+  echo "setup: [2/3] data and orchestration stack (Spark, Feast, GX, Airflow, MLflow, test tools)"
+  # requirements.lock pins every transitive version resolved on the dev machine, so CI and
+  # users get the same environment (Airflow publishes its constraints on GitHub, out of reach).
+  $PIP install -q "${extra[@]}" -r requirements.txt -c requirements.lock
+  echo "setup: [3/3] the lattice package (editable)"
+  $PIP install -q --no-deps --no-build-isolation -e .
+  if $PIP list 2>/dev/null | grep -qiE '^(fbgemm[-_]gpu\s|nvidia-)'; then
+    echo "setup: a CUDA package was pulled in; refusing to continue" >&2; exit 1
+  fi
+  echo "$want" > "$STAMP"
+fi
+
+if [ "${LATTICE_WITH_BROWSER:-0}" = "1" ] && ! command -v chromium >/dev/null; then
+  echo "setup: installing chromium + chromium-driver (Debian) for browser tests"
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
+  $SUDO apt-get update -qq && $SUDO DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null
+fi
+echo "setup: done. Try: .venv/bin/lattice --help"

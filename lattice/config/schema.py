@@ -1,0 +1,453 @@
+"""Typed platform config: one YAML file declares sources, domains, objectives, features, models,
+training, distillation, FP8, hashing, promotion, feature store and schedules.
+
+Every model forbids unknown keys, so a misspelled key is an error that names it instead of a
+setting that silently does nothing. Cross-field rules live in `PlatformConfig` validators;
+`lattice.config.load` turns pydantic errors into messages naming the file, key path and fix.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
+
+NAME_RE = r"^[a-z][a-z0-9_]*$"
+_WINDOW_RE = re.compile(r"^(\d+)([hd])$")
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# ---------------------------------------------------------------- sources
+
+
+class DomainFromColumn(Strict):
+    """The domain is read from a raw column (or a Spark SQL expression over raw columns) and
+    mapped value -> domain name."""
+
+    column: str | None = None
+    expr: str | None = None
+    map: dict[str, str] = Field(min_length=1)
+    default: str | None = None
+    """Domain for values not in `map`; without it such rows are quarantined."""
+
+    @model_validator(mode="after")
+    def _one_of(self) -> "DomainFromColumn":
+        if (self.column is None) == (self.expr is None):
+            raise ValueError("give exactly one of 'column' or 'expr' to read the domain from")
+        return self
+
+
+class EventTime(Strict):
+    """How to read the event time. Logs without one (Criteo, MIND) use `format: constant` and
+    `value`, so every row gets the same time (point-in-time aggregates then see no history)."""
+
+    column: str | None = None
+    format: Literal["unix_seconds", "unix_millis", "iso", "yyMMddHH", "yyyy-MM-dd", "yyyy-MM-dd HH:mm:ss", "constant"] = "iso"
+    value: dt.datetime | None = None
+
+    @model_validator(mode="after")
+    def _column_or_constant(self) -> "EventTime":
+        if self.format == "constant":
+            if self.value is None:
+                raise ValueError("format 'constant' needs 'value' (e.g. 2026-01-01T00:00:00)")
+        elif self.column is None:
+            raise ValueError(f"format {self.format!r} needs 'column' (the raw time column)")
+        return self
+
+
+class LabelSpec(Strict):
+    """A label is either a raw column holding 0/1 or a Spark SQL boolean/0-1 expression."""
+
+    column: str | None = None
+    expr: str | None = None
+
+    @model_validator(mode="after")
+    def _one_of(self) -> "LabelSpec":
+        if (self.column is None) == (self.expr is None):
+            raise ValueError("give exactly one of 'column' (a raw 0/1 column) or 'expr' (a Spark SQL expression)")
+        return self
+
+
+class Source(Strict):
+    """One raw log of one or more domains."""
+
+    name: str = Field(pattern=NAME_RE)
+    path: str
+    """File, folder or glob; relative paths resolve against the config's `data_root`."""
+    format: Literal["csv", "tsv", "parquet", "jsonl"]
+    header: bool = True
+    schema_columns: list[str] | None = None
+    """Column names in file order, required for csv/tsv files without a header."""
+    domain: str | DomainFromColumn
+    """A domain name (constant) or {column, map, default}."""
+    columns: dict[str, str] = Field(default_factory=dict)
+    """Raw column name -> canonical name (feature columns and entity keys)."""
+    event_time: EventTime
+    labels: dict[str, LabelSpec] = Field(default_factory=dict)
+    """Objective name -> how to read its label from this source."""
+    truth: dict[str, str] = Field(default_factory=dict)
+    """Objective name -> raw column with the true probability (synthetic data only; never trained on)."""
+
+    @model_validator(mode="after")
+    def _headerless_needs_schema(self) -> "Source":
+        if self.format in ("csv", "tsv") and not self.header and not self.schema_columns:
+            raise ValueError("a csv/tsv source without a header needs 'schema_columns' (column names in file order)")
+        return self
+
+    def domains(self) -> list[str]:
+        if isinstance(self.domain, str):
+            return [self.domain]
+        names = list(dict.fromkeys(self.domain.map.values()))
+        if self.domain.default and self.domain.default not in names:
+            names.append(self.domain.default)
+        return names
+
+    def canonical_columns(self) -> set[str]:
+        return set(self.columns.values())
+
+
+# ---------------------------------------------------------------- domains and objectives
+
+
+class Domain(Strict):
+    name: str = Field(pattern=NAME_RE)
+    description: str = ""
+    min_rows: int = Field(default=1, ge=0)
+    """Validation: the consolidated table must hold at least this many rows of the domain."""
+
+
+class Objective(Strict):
+    name: str = Field(pattern=NAME_RE)
+    loss_weight: float = Field(default=1.0, gt=0)
+    domains: list[str] = Field(min_length=1)
+    """Domains whose logs carry this label; elsewhere the label is masked, never a fake negative."""
+    label_rate: tuple[float, float] = (0.0, 1.0)
+    """Validation bounds on the observed label rate per domain."""
+
+    @field_validator("label_rate")
+    @classmethod
+    def _rate_bounds(cls, v: tuple[float, float]) -> tuple[float, float]:
+        if not 0.0 <= v[0] <= v[1] <= 1.0:
+            raise ValueError("label_rate must be [low, high] with 0 <= low <= high <= 1")
+        return v
+
+
+# ---------------------------------------------------------------- features
+
+Hashing = Literal["none", "modulo", "qr", "learned"]
+
+
+class SparseFeature(Strict):
+    name: str = Field(pattern=NAME_RE)
+    column: str
+    """Canonical column (after a source's column mapping)."""
+    embedding_dim: int = Field(default=16, ge=1, le=1024)
+    num_embeddings: int = Field(default=100_000, ge=2)
+    hashing: Hashing = "modulo"
+    entity: bool = False
+    """An entity key (user, ad, ...): aggregates and Feast entities can join on it."""
+
+
+class DenseFeature(Strict):
+    name: str = Field(pattern=NAME_RE)
+    column: str
+    transform: Literal["none", "log1p", "standardize", "clip"] = "none"
+    clip: tuple[float, float] | None = None
+
+
+class AggregateFeature(Strict):
+    """Point-in-time counts and rates of an objective per entity over trailing windows."""
+
+    name: str = Field(pattern=NAME_RE)
+    entity: str
+    """Name of a sparse feature with `entity: true`."""
+    objective: str
+    windows: list[str] = Field(min_length=1)
+    statistics: list[Literal["count", "positives", "rate"]] = Field(default_factory=lambda: ["count", "positives", "rate"])
+
+    @field_validator("windows")
+    @classmethod
+    def _windows(cls, v: list[str]) -> list[str]:
+        for w in v:
+            if not _WINDOW_RE.match(w):
+                raise ValueError(f"window {w!r} must look like '12h' or '7d'")
+        return v
+
+    def window_hours(self) -> list[int]:
+        out = []
+        for w in self.windows:
+            n, unit = _WINDOW_RE.match(w).groups()  # type: ignore[union-attr]
+            out.append(int(n) * (24 if unit == "d" else 1))
+        return out
+
+
+class Features(Strict):
+    sparse: list[SparseFeature] = Field(min_length=1)
+    dense: list[DenseFeature] = Field(default_factory=list)
+    aggregates: list[AggregateFeature] = Field(default_factory=list)
+
+
+# ---------------------------------------------------------------- models
+
+
+class ModelSize(Strict):
+    """One Lattice network; teacher and student are the same code at different sizes."""
+
+    embedding_dim: int = Field(default=16, ge=2)
+    """Token width: every embedding and dense projection is mapped to this width. It also caps
+    each table's width: a table is min(feature.embedding_dim, embedding_dim) wide."""
+    table_scale: float = Field(default=1.0, gt=0, le=1)
+    """Fraction of each table's rows this model uses (ids are re-hashed into the smaller table)."""
+    num_layers: int = Field(default=2, ge=0)
+    """Wukong-style interaction layers (FM block + linear compression block)."""
+    num_tokens: int = Field(default=8, ge=1)
+    """Tokens each interaction layer outputs."""
+    fm_rank: int = Field(default=8, ge=1)
+    head_dims: list[int] = Field(default_factory=lambda: [64])
+    domain_token: bool = True
+    domain_untied: bool = False
+    """Give every domain its own final interaction layer (parameter untying)."""
+    dropout: float = Field(default=0.0, ge=0, lt=1)
+
+
+class Baselines(Strict):
+    separate: bool = True
+    """One model per (domain, objective): the world before Lattice."""
+    pooled: bool = True
+    """One single-task model per objective on all domains."""
+    multitask: Literal["none", "shared_bottom", "mmoe"] = "mmoe"
+    size: ModelSize = Field(default_factory=lambda: ModelSize(num_layers=1))
+
+
+class Models(Strict):
+    teacher: ModelSize = Field(default_factory=lambda: ModelSize(embedding_dim=32, num_layers=3, num_tokens=16, head_dims=[128]))
+    student: ModelSize = Field(default_factory=lambda: ModelSize(embedding_dim=8, num_layers=1, num_tokens=4, head_dims=[32]))
+    baselines: Baselines = Field(default_factory=Baselines)
+
+
+# ---------------------------------------------------------------- training and later stages
+
+
+class Training(Strict):
+    batch_size: int = Field(default=1024, ge=1)
+    epochs: int = Field(default=2, ge=1)
+    lr_dense: float = Field(default=1e-3, gt=0)
+    lr_sparse: float = Field(default=0.05, gt=0)
+    sparse_optimizer: Literal["adagrad", "sgd", "rowwise_adagrad"] = "rowwise_adagrad"
+    validation_fraction: float = Field(default=0.1, gt=0, lt=1)
+    test_fraction: float = Field(default=0.1, gt=0, lt=1)
+    early_stopping_patience: int = Field(default=2, ge=0)
+    nproc: int = Field(default=2, ge=1)
+    sharding_types: list[Literal["table_wise", "column_wise", "table_column_wise", "data_parallel", "row_wise"]] = Field(
+        default_factory=lambda: ["table_wise", "column_wise", "data_parallel"]
+    )
+    seed: int = 0
+    num_workers: int = Field(default=1, ge=0)
+
+
+class Distillation(Strict):
+    label_weight: float = Field(default=1.0, ge=0)
+    soft_weight: float = Field(default=1.0, ge=0)
+    """Weight of the teacher soft-label loss where the true label exists."""
+    unlabeled_weight: float = Field(default=0.5, ge=0)
+    """Weight of the teacher soft-label loss where the label is absent (mask 0)."""
+    temperature: float = Field(default=1.0, gt=0)
+
+
+class FP8(Strict):
+    enabled: bool = False
+    format: Literal["e4m3", "e5m2"] = "e4m3"
+    max_relative_error: float = Field(default=0.05, gt=0)
+    """LoKA-style probe: a layer runs in FP8 only if its output error stays below this."""
+
+
+class HashingConfig(Strict):
+    qr_collisions: int = Field(default=4, ge=2)
+    learned_clusters: int = Field(default=1024, ge=2)
+    frequency_threshold: int = Field(default=2, ge=1)
+
+
+class Floors(Strict):
+    max_ne: float = Field(default=0.99, gt=0)
+    min_auc: float = Field(default=0.55, ge=0, le=1)
+
+
+class Promotion(Strict):
+    max_ne_regression: float = Field(default=0.005, ge=0)
+    """δ: a challenger cell's NE may exceed the champion's by at most this (relative)."""
+    calibration: tuple[float, float] = (0.8, 1.25)
+    teacher_epsilon: float = Field(default=0.03, ge=0)
+    """ε: the student's macro NE may exceed its teacher's by at most this (relative)."""
+    max_latency_ms: float = Field(default=10.0, gt=0)
+    max_artifact_mb: float = Field(default=200.0, gt=0)
+    floors: Floors = Field(default_factory=Floors)
+
+
+class FeatureStore(Strict):
+    offline_store: Literal["spark", "file"] = "file"
+    online_store: Literal["sqlite", "redis"] = "sqlite"
+    redis_url: str = "localhost:6379"
+    ttl_days: int = Field(default=30, ge=1)
+
+
+class Registry(Strict):
+    tracking_uri: str | None = None
+    """MLflow tracking server URL; default is a SQLite file in the workdir."""
+    model_name: str | None = None
+
+
+class Schedule(Strict):
+    cron: str | None = None
+    asset: Literal["features", "teacher", "student"] | None = None
+
+    @model_validator(mode="after")
+    def _one_of(self) -> "Schedule":
+        if self.cron is not None and self.asset is not None:
+            raise ValueError("a schedule is either 'cron' or 'asset', not both")
+        return self
+
+
+class Schedules(Strict):
+    features: Schedule = Field(default_factory=lambda: Schedule(cron="@daily"))
+    train_teacher: Schedule = Field(default_factory=lambda: Schedule(asset="features"))
+    distill: Schedule = Field(default_factory=lambda: Schedule(asset="teacher"))
+    promote: Schedule = Field(default_factory=lambda: Schedule(asset="student"))
+
+
+class TimeRange(Strict):
+    start: dt.date
+    end: dt.date
+    """Exclusive. Events outside [start, end) are quarantined as out of range."""
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "TimeRange":
+        if self.end <= self.start:
+            raise ValueError(f"end ({self.end}) must be after start ({self.start})")
+        return self
+
+
+class Synthetic(Strict):
+    """Parameters of the built-in generator (demo config only)."""
+
+    users: int = Field(default=200_000, ge=10)
+    ads: int = Field(default=50_000, ge=10)
+    zipf_exponent: float = Field(default=1.1, gt=1)
+    days: int = Field(default=7, ge=1)
+    seed: int = 42
+    chunk_rows: int = Field(default=200_000, ge=1000)
+
+
+# ---------------------------------------------------------------- the platform config
+
+
+class PlatformConfig(Strict):
+    name: str = Field(pattern=NAME_RE)
+    description: str = ""
+    data_root: str = "."
+    """Folder raw source paths are relative to; `${VAR:-default}` expands environment variables."""
+    workdir: str = ".lattice/{name}"
+    time_range: TimeRange
+    domains: list[Domain] = Field(min_length=1)
+    objectives: list[Objective] = Field(min_length=1)
+    sources: list[Source] = Field(min_length=1)
+    features: Features
+    models: Models = Field(default_factory=Models)
+    training: Training = Field(default_factory=Training)
+    distillation: Distillation = Field(default_factory=Distillation)
+    fp8: FP8 = Field(default_factory=FP8)
+    hashing: HashingConfig = Field(default_factory=HashingConfig)
+    promotion: Promotion = Field(default_factory=Promotion)
+    feature_store: FeatureStore = Field(default_factory=FeatureStore)
+    registry: Registry = Field(default_factory=Registry)
+    schedules: Schedules = Field(default_factory=Schedules)
+    synthetic: Synthetic | None = None
+    _source_file: str | None = PrivateAttr(default=None)
+
+    @property
+    def source_file(self) -> str | None:
+        """The YAML file this config was loaded from (None when built in code)."""
+        return self._source_file
+
+    # -- lookups used everywhere
+    @property
+    def domain_names(self) -> list[str]:
+        return [d.name for d in self.domains]
+
+    @property
+    def objective_names(self) -> list[str]:
+        return [o.name for o in self.objectives]
+
+    @property
+    def entity_features(self) -> list[SparseFeature]:
+        return [f for f in self.features.sparse if f.entity]
+
+    def carries(self, domain: str, objective: str) -> bool:
+        return domain in next(o for o in self.objectives if o.name == objective).domains
+
+    def cells(self) -> list[tuple[str, str]]:
+        """Every (domain, objective) pair that has labels: the portfolio the models are judged on."""
+        return [(d, o.name) for o in self.objectives for d in self.domain_names if d in o.domains]
+
+    # -- cross-field rules; the loader reports each as (key path, bad value, what to do)
+    def problems(self) -> list[tuple[str, object, str]]:
+        out: list[tuple[str, object, str]] = []
+        domains = self.domain_names
+        objectives = self.objective_names
+        for section, names in (
+            ("domains", domains),
+            ("objectives", objectives),
+            ("sources", [s.name for s in self.sources]),
+            ("features", [f.name for f in self.features.sparse + self.features.dense + self.features.aggregates]),
+        ):
+            for n in sorted({n for n in names if names.count(n) > 1}):
+                out.append((section, n, f"duplicate name {n!r}: names must be unique within '{section}'"))
+        for i, o in enumerate(self.objectives):
+            for j, d in enumerate(o.domains):
+                if d not in domains:
+                    out.append((f"objectives[{i}].domains[{j}]", d, f"unknown domain; declare it under 'domains' or use one of {domains}"))
+        provided: set[str] = set()
+        with_source: set[str] = set()
+        for i, s in enumerate(self.sources):
+            provided |= s.canonical_columns()
+            for d in s.domains():
+                with_source.add(d)
+                if d not in domains:
+                    out.append((f"sources[{i}].domain", d, f"unknown domain; declare it under 'domains' or use one of {domains}"))
+            for section in ("labels", "truth"):
+                for key in getattr(s, section):
+                    if key not in objectives:
+                        out.append((f"sources[{i}].{section}.{key}", key, f"unknown objective; declare it under 'objectives' or use one of {objectives}"))
+        for i, d in enumerate(domains):
+            if d not in with_source:
+                out.append((f"domains[{i}]", d, "no source feeds this domain; add a source whose 'domain' is it, or remove it"))
+        for kind in ("sparse", "dense"):
+            for i, f in enumerate(getattr(self.features, kind)):
+                if f.column not in provided:
+                    out.append((f"features.{kind}[{i}].column", f.column,
+                                f"no source maps a raw column to it; add it to a source's 'columns' (provided: {sorted(provided)})"))
+        entities = [f.name for f in self.entity_features]
+        for i, a in enumerate(self.features.aggregates):
+            if a.entity not in entities:
+                out.append((f"features.aggregates[{i}].entity", a.entity, f"not a sparse feature with 'entity: true'; use one of {entities}"))
+            if a.objective not in objectives:
+                out.append((f"features.aggregates[{i}].objective", a.objective, f"unknown objective; use one of {objectives}"))
+        for i, o in enumerate(self.objectives):
+            if not any(o.name in s.labels for s in self.sources):
+                out.append((f"objectives[{i}].name", o.name, "no source gives this label; add it to some source's 'labels'"))
+            for d in o.domains:
+                srcs = [s for s in self.sources if d in s.domains()]
+                if srcs and not any(o.name in s.labels for s in srcs):
+                    out.append((f"objectives[{i}].domains", d, f"no source of domain {d!r} has a label for {o.name!r}; "
+                                "add it to that source's 'labels' or drop the domain from this objective"))
+        t, st = self.models.teacher, self.models.student
+        bigger = [k for k in ("embedding_dim", "table_scale", "num_layers", "num_tokens", "fm_rank") if getattr(st, k) > getattr(t, k)]
+        if bigger or sum(st.head_dims) > sum(t.head_dims):
+            bigger = bigger or ["head_dims"]
+            out.append((f"models.student.{bigger[0]}", getattr(st, bigger[0]),
+                        f"the student is larger than its teacher ({bigger[0]}: teacher has {getattr(t, bigger[0])}); make it at most the teacher's"))
+        return out

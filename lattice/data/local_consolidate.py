@@ -1,0 +1,115 @@
+"""Single-process (pandas) consolidation of a config's raw sources into the example table.
+
+The Spark pipeline in `pipelines/` is the production path; this one exists for three reasons:
+unit tests of the models that should not start Spark, the pandas baseline of the pipeline
+benchmark, and a readable reference of the contract in `lattice.data.schema`. It does no row
+validation: rows it cannot parse raise, where the Spark pipeline quarantines them.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from lattice.config import PlatformConfig
+from lattice.config.schema import Source
+from lattice.data import schema as S
+from lattice.paths import Paths
+
+
+def _read(source: Source, path: Path) -> pd.DataFrame:
+    if source.format in ("csv", "tsv"):
+        return pd.read_csv(
+            path, sep="," if source.format == "csv" else "\t", dtype=str, keep_default_na=False,
+            header=0 if source.header else None, names=None if source.header else source.schema_columns,
+        )
+    if source.format == "parquet":
+        return pd.read_parquet(path)
+    return pd.read_json(path, lines=True, dtype=False)
+
+
+def _times(source: Source, df: pd.DataFrame) -> pd.Series:
+    et = source.event_time
+    if et.format == "constant":
+        return pd.Series(pd.Timestamp(et.value, tz="UTC"), index=df.index)
+    col = df[et.column]
+    if et.format in ("unix_seconds", "unix_millis"):
+        return pd.to_datetime(pd.to_numeric(col), unit="s" if et.format == "unix_seconds" else "ms", utc=True)
+    fmt = {"yyMMddHH": "%y%m%d%H", "yyyy-MM-dd": "%Y-%m-%d", "yyyy-MM-dd HH:mm:ss": "%Y-%m-%d %H:%M:%S"}.get(et.format)
+    return pd.to_datetime(col, format=fmt, utc=True)
+
+
+def _domain(source: Source, df: pd.DataFrame) -> pd.Series:
+    if isinstance(source.domain, str):
+        return pd.Series(source.domain, index=df.index)
+    if source.domain.expr is not None:
+        raise NotImplementedError("domain expressions need Spark SQL; use the Spark pipeline")
+    mapped = df[source.domain.column].astype(str).map(source.domain.map)
+    return mapped.fillna(source.domain.default) if source.domain.default else mapped
+
+
+def _label(source: Source, objective: str, df: pd.DataFrame) -> pd.Series:
+    spec = source.labels[objective]
+    if spec.expr is not None:
+        raise NotImplementedError("label expressions need Spark SQL; use the Spark pipeline")
+    return pd.to_numeric(df[spec.column]).astype(np.int8)
+
+
+def _example_ids(source: Source, df: pd.DataFrame) -> pd.Series:
+    rows = df.astype(str).agg("\x1f".join, axis=1)
+    return rows.map(lambda r: hashlib.sha1(f"{source.name}\x1f{r}".encode()).hexdigest()[:20])
+
+
+def consolidate_source(config: PlatformConfig, source: Source, raw: pd.DataFrame) -> pd.DataFrame:
+    out = pd.DataFrame(index=raw.index)
+    out["example_id"] = _example_ids(source, raw)
+    ts = _times(source, raw)
+    out["event_timestamp"] = ts
+    out["date"] = ts.dt.strftime("%Y-%m-%d")
+    out["domain"] = _domain(source, raw)
+    canonical = {canon: raw_name for raw_name, canon in source.columns.items()}
+    for col in S.sparse_columns(config):
+        if col in canonical:
+            out[col] = raw[canonical[col]].astype(str).map(S.stable_id).astype("Int64")
+        else:
+            out[col] = pd.array([pd.NA] * len(raw), dtype="Int64")
+    for col in S.dense_columns(config):
+        present = col in canonical
+        out[col] = pd.to_numeric(raw[canonical[col]]).astype(float) if present else 0.0
+        out[S.present_column(col)] = np.int8(1 if present else 0)
+    for obj in config.objective_names:
+        carried = obj in source.labels
+        out[S.label_column(obj)] = _label(source, obj, raw) if carried else np.int8(0)
+        out[S.mask_column(obj)] = np.int8(1 if carried else 0)
+        truth = source.truth.get(obj)
+        out[S.truth_column(obj)] = pd.to_numeric(raw[truth]).astype(float) if truth else np.nan
+    # a domain that does not carry an objective is masked even if a source logs a value
+    for obj in config.objectives:
+        off = ~out["domain"].isin(obj.domains)
+        out.loc[off, S.label_column(obj.name)] = 0
+        out.loc[off, S.mask_column(obj.name)] = 0
+    return out[S.consolidated_columns(config)]
+
+
+def consolidate(config: PlatformConfig, paths: Paths) -> pd.DataFrame:
+    """All sources -> one frame ordered by event time (ties by example_id)."""
+    frames = []
+    for source in config.sources:
+        files = sorted(glob.glob(str(paths.source_path(source.path))))
+        if not files:
+            raise FileNotFoundError(f"source {source.name!r}: no file matches {paths.source_path(source.path)}")
+        for f in files:
+            frames.append(consolidate_source(config, source, _read(source, Path(f))))
+    df = pd.concat(frames, ignore_index=True)
+    return df.sort_values(["event_timestamp", "example_id"], kind="stable").reset_index(drop=True)
+
+
+def write_parquet(df: pd.DataFrame, out: Path) -> Path:
+    """Write with microsecond timestamps (Spark rejects pandas' default nanoseconds)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    df.to_parquet(out, index=False, coerce_timestamps="us", allow_truncated_timestamps=True)
+    return out

@@ -1,0 +1,80 @@
+"""The consolidated example table: the contract between the feature pipeline and the models.
+
+One row per impression, every domain in one table (DESIGN.md):
+
+    example_id        string   deterministic hash of the source and the raw row
+    event_timestamp   timestamp (UTC, microseconds)
+    date              string   yyyy-MM-dd of event_timestamp (partition)
+    domain            string   (partition)
+    <sparse column>   int64    null where the domain lacks the feature
+    <dense column>    double   0.0 where the domain lacks the feature ...
+    <dense>_present   int8     ... and then 0 here
+    label_<objective> int8     0 where masked
+    mask_<objective>  int8     1 where the domain carries the label
+    truth_<objective> double   true probability (synthetic data only; never a model input)
+
+Aggregate features join this table in the training set as `<aggregate>_<statistic>_<window>`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from lattice.config import PlatformConfig
+
+
+def sparse_columns(config: PlatformConfig) -> list[str]:
+    return list(dict.fromkeys(f.column for f in config.features.sparse))
+
+
+def dense_columns(config: PlatformConfig) -> list[str]:
+    return list(dict.fromkeys(f.column for f in config.features.dense))
+
+
+def present_column(dense_column: str) -> str:
+    return f"{dense_column}_present"
+
+
+def label_column(objective: str) -> str:
+    return f"label_{objective}"
+
+
+def mask_column(objective: str) -> str:
+    return f"mask_{objective}"
+
+
+def truth_column(objective: str) -> str:
+    return f"truth_{objective}"
+
+
+def aggregate_columns(config: PlatformConfig) -> list[str]:
+    return [
+        f"{a.name}_{stat}_{w}"
+        for a in config.features.aggregates
+        for w in a.windows
+        for stat in a.statistics
+    ]
+
+
+def consolidated_columns(config: PlatformConfig) -> list[str]:
+    objs = config.objective_names
+    dense = dense_columns(config)
+    return (
+        ["example_id", "event_timestamp", "date", "domain"]
+        + sparse_columns(config)
+        + dense
+        + [present_column(c) for c in dense]
+        + [label_column(o) for o in objs]
+        + [mask_column(o) for o in objs]
+        + [truth_column(o) for o in objs]
+    )
+
+
+def stable_id(value: str) -> int:
+    """Sparse raw value -> int64 id: integers stay as they are, anything else (hex hashes,
+    names) becomes the first 15 hex digits of its MD5. Spark computes the same with
+    `conv(substr(md5(v), 1, 15), 16, 10)`, so both implementations agree."""
+    try:
+        return int(value)
+    except ValueError:
+        return int(hashlib.md5(value.encode()).hexdigest()[:15], 16)

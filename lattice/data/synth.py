@@ -1,0 +1,226 @@
+"""Synthetic multi-domain ad logs with known label probabilities (the demo's embedded dataset).
+
+The generative model, in short (all tables drawn once from the seed):
+
+    user u: segment s(u), latent vector  v_u = S[s(u)] + 0.35·ε_u   (k=4), activity level
+    ad a:   category c(a), latent vector w_a = C[c(a)] + 0.35·ε_a,  price ~ lognormal by category
+    click logit  = base_click[d] + v_u·w_a + v_u·D_d·w_a (domain-specific) + position + device
+                   + query match (search) + 0.3·activity + user/ad bias
+    P(conversion) = P(click) · σ(base_cvr[d] + v_u·W·w_a − 0.4·log price + ...)
+
+So structure is shared across domains with domain-specific effects, and a conversion only
+follows a click. Each domain writes a different raw schema (names, file format, time format,
+a missing feature, video has no conversion label), which the feature pipeline must reconcile.
+The true probabilities are written next to the labels for the oracle NE; trainers never read them.
+
+Rows stream out in chunks (one part file per domain and chunk), so memory stays flat in N.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from lattice.config import PlatformConfig
+from lattice.config.schema import Synthetic
+
+K = 4  # latent dimension
+N_SEGMENTS = 20
+N_CATEGORIES = 60
+N_DEVICES = 5
+N_POSITIONS = 8
+DOMAINS = ("feed", "search", "video")
+DOMAIN_SHARE = np.array([0.5, 0.3, 0.2])
+BASE_CLICK = np.array([-3.0, -2.2, -3.4])  # feed ~5%, search ~10%, video ~3% before effects
+BASE_CVR = np.array([-2.0, -1.4, -9.0])  # video never converts (and logs no conversion)
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+@dataclass
+class World:
+    """Every per-id table of the generative model, drawn once from the seed."""
+
+    user_segment: np.ndarray
+    user_vec: np.ndarray  # (U, K)
+    user_bias: np.ndarray
+    user_activity: np.ndarray
+    user_cdf: np.ndarray
+    ad_category: np.ndarray
+    ad_vec: np.ndarray  # (A, K)
+    ad_bias: np.ndarray
+    ad_price: np.ndarray
+    ad_cdf: np.ndarray
+    domain_mix: np.ndarray  # (3, K, K) domain-specific interaction
+    cvr_mix: np.ndarray  # (K, K)
+    position_effect: np.ndarray
+    device_effect: np.ndarray
+
+    @classmethod
+    def draw(cls, params: Synthetic, n_users: int, n_ads: int) -> "World":
+        rng = np.random.default_rng([params.seed, 0])
+        seg_centers = rng.normal(0, 0.7, (N_SEGMENTS, K))
+        cat_centers = rng.normal(0, 0.7, (N_CATEGORIES, K))
+        user_segment = rng.integers(0, N_SEGMENTS, n_users)
+        ad_category = rng.integers(0, N_CATEGORIES, n_ads)
+
+        def zipf_cdf(n: int) -> np.ndarray:
+            w = 1.0 / np.arange(1, n + 1) ** params.zipf_exponent
+            return np.cumsum(w) / w.sum()
+
+        return cls(
+            user_segment=user_segment,
+            user_vec=seg_centers[user_segment] + 0.35 * rng.normal(size=(n_users, K)),
+            user_bias=0.3 * rng.normal(size=n_users),
+            user_activity=rng.gamma(2.0, 1.0, n_users),
+            user_cdf=zipf_cdf(n_users),
+            ad_category=ad_category,
+            ad_vec=cat_centers[ad_category] + 0.35 * rng.normal(size=(n_ads, K)),
+            ad_bias=0.3 * rng.normal(size=n_ads),
+            ad_price=np.exp(rng.normal(2.0, 0.6, N_CATEGORIES)[ad_category] + 0.3 * rng.normal(size=n_ads)),
+            ad_cdf=zipf_cdf(n_ads),
+            domain_mix=rng.normal(0, 0.4, (3, K, K)),
+            cvr_mix=rng.normal(0, 0.5, (K, K)),
+            position_effect=-0.25 * np.arange(N_POSITIONS),
+            device_effect=rng.normal(0, 0.3, N_DEVICES),
+        )
+
+
+def _chunk(world: World, rng: np.random.Generator, n: int, t0: float, t1: float) -> pd.DataFrame:
+    """n impressions with event times in [t0, t1) (unix seconds), in time order."""
+    d = rng.choice(3, n, p=DOMAIN_SHARE)
+    # Zipf-popular ids: id 1 is the most popular user/ad, as in a frequency-ranked vocabulary.
+    u = np.searchsorted(world.user_cdf, rng.random(n))
+    a = np.searchsorted(world.ad_cdf, rng.random(n))
+    ts = np.sort(rng.uniform(t0, t1, n)).astype(np.int64)
+    pos = np.minimum(rng.geometric(0.35, n) - 1, N_POSITIONS - 1)
+    dev = rng.integers(0, N_DEVICES, n)
+    cat = world.ad_category[a]
+    # search queries match the ad's category half the time; matches are much likelier to click
+    query = np.where(rng.random(n) < 0.5, cat, rng.integers(0, N_CATEGORIES, n))
+    activity = world.user_activity[u] * rng.lognormal(0, 0.2, n)
+    price = world.ad_price[a] * rng.lognormal(0, 0.1, n)
+
+    uv, av = world.user_vec[u], world.ad_vec[a]  # (n, K)
+    shared = np.einsum("nk,nk->n", uv, av)
+    specific = np.einsum("nk,nkj,nj->n", uv, world.domain_mix[d], av)
+    logit = (
+        BASE_CLICK[d] + 0.6 * shared + 0.5 * specific + world.position_effect[pos]
+        + np.where(d < 2, world.device_effect[dev], 0.0)
+        + np.where((d == 1) & (query == cat), 1.0, 0.0)
+        + 0.3 * (np.log1p(activity) - 1.0) + world.user_bias[u] + world.ad_bias[a]
+    )
+    p_click = _sigmoid(logit)
+    cvr = _sigmoid(BASE_CVR[d] + 0.5 * np.einsum("nk,kj,nj->n", uv, world.cvr_mix, av) - 0.4 * (np.log(price) - 2.0) + world.ad_bias[a])
+    p_conv = p_click * cvr
+    click = rng.random(n) < p_click
+    conv = click & (rng.random(n) < cvr)
+    return pd.DataFrame(
+        {
+            "domain": d, "user_id": u + 1, "ad_id": a + 1, "user_segment": world.user_segment[u],
+            "ad_category": cat, "device": dev, "position": pos, "query_category": query,
+            "price": price.round(3), "activity": activity.round(4), "ts": ts,
+            "click": click.astype(np.int8), "conversion": conv.astype(np.int8),
+            "p_click": p_click.round(6), "p_conversion": p_conv.round(6),
+        }
+    )
+
+
+def _write_feed(df: pd.DataFrame, path: Path) -> None:
+    out = pd.DataFrame(
+        {
+            "uid": df.user_id, "aid": df.ad_id, "ts": df.ts, "device_type": df.device, "slot": df.position,
+            "user_seg": df.user_segment, "ad_cat": df.ad_category, "price": df.price, "user_activity": df.activity,
+            "clicked": df.click, "converted": df.conversion, "p_click": df.p_click, "p_conversion": df.p_conversion,
+        }
+    )
+    out.to_csv(path, index=False)
+
+
+def _write_search(df: pd.DataFrame, path: Path) -> None:
+    iso = pd.to_datetime(df.ts, unit="s", utc=True).dt.strftime("%Y-%m-%dT%H:%M:%SZ")
+    table = pa.table(
+        {
+            "event_time": iso.to_numpy(dtype=str), "user": df.user_id.to_numpy(), "ad": df.ad_id.to_numpy(),
+            "segment": df.user_segment.to_numpy(), "category": df.ad_category.to_numpy(),
+            "device": df.device.to_numpy(), "rank": df.position.to_numpy(), "query_cat": df.query_category.to_numpy(),
+            "bid_price": df.price.to_numpy(), "activity": df.activity.to_numpy(),
+            "click": df.click.to_numpy(), "conversion": df.conversion.to_numpy(),
+            "true_click": df.p_click.to_numpy(), "true_conversion": df.p_conversion.to_numpy(),
+        }
+    )
+    pq.write_table(table, path, compression="snappy")
+
+
+def _write_video(df: pd.DataFrame, path: Path) -> None:
+    out = pd.DataFrame(
+        {
+            "viewer_id": df.user_id, "creative_id": df.ad_id, "timestamp_ms": df.ts * 1000,
+            "viewer_segment": df.user_segment, "creative_category": df.ad_category, "placement": df.position,
+            "engagement": df.activity, "is_click": df.click, "truth_click": df.p_click,
+        }
+    )
+    out.to_json(path, orient="records", lines=True)
+
+
+WRITERS = {"feed": (_write_feed, "csv"), "search": (_write_search, "parquet"), "video": (_write_video, "jsonl")}
+
+
+def generate(config: PlatformConfig, rows: int, out: str | Path, progress: bool = True) -> dict:
+    """Write `rows` impressions as per-domain raw logs under `out`; return a manifest."""
+    params = config.synthetic or Synthetic()
+    out = Path(out)
+    n_users = max(params.users, rows // 4)  # id spaces grow with N (millions at 10M rows)
+    n_ads = max(params.ads, rows // 40)
+    world = World.draw(params, n_users, n_ads)
+    start = dt.datetime.combine(config.time_range.start, dt.time(), tzinfo=dt.timezone.utc).timestamp()
+    span = params.days * 86400.0
+    n_chunks = max(1, -(-rows // params.chunk_rows))
+    seeds = np.random.SeedSequence([params.seed, 1]).spawn(n_chunks)
+    counts = {d: 0 for d in DOMAINS}
+    positives: dict[str, dict[str, float]] = {d: {"click": 0, "conversion": 0, "p_click": 0.0, "p_conversion": 0.0} for d in DOMAINS}
+    for name in DOMAINS:
+        folder = out / name
+        folder.mkdir(parents=True, exist_ok=True)
+        for stale in folder.glob("part-*"):  # a rerun replaces the whole output
+            stale.unlink()
+
+    from tqdm import tqdm
+
+    bar = tqdm(total=rows, unit="rows", desc="synth", disable=not progress)
+    for i in range(n_chunks):
+        n = min(params.chunk_rows, rows - i * params.chunk_rows)
+        t0 = start + span * i / n_chunks
+        df = _chunk(world, np.random.default_rng(seeds[i]), n, t0, start + span * (i + 1) / n_chunks)
+        for di, name in enumerate(DOMAINS):
+            part = df[df.domain == di]
+            if part.empty:
+                continue
+            writer, ext = WRITERS[name]
+            writer(part, out / name / f"part-{i:05d}.{ext}")
+            counts[name] += len(part)
+            acc = positives[name]
+            acc["click"] += int(part.click.sum())
+            acc["p_click"] += float(part.p_click.sum())
+            if name != "video":
+                acc["conversion"] += int(part.conversion.sum())
+                acc["p_conversion"] += float(part.p_conversion.sum())
+        bar.update(n)
+    bar.close()
+    manifest = {
+        "rows": rows, "users": n_users, "ads": n_ads, "seed": params.seed, "chunks": n_chunks,
+        "rows_per_domain": counts,
+        "label_sums": {d: {k: round(v, 3) for k, v in positives[d].items()} for d in DOMAINS},
+        "formats": {d: WRITERS[d][1] for d in DOMAINS},
+    }
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True))
+    return manifest

@@ -1,0 +1,77 @@
+"""Where every stage reads and writes, derived from the config and one work directory.
+
+Stages take `(config, paths)`; nothing else decides file locations, so the CLI, the tests and
+the Airflow tasks all agree on them.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from lattice.config import PlatformConfig
+
+
+@dataclass(frozen=True)
+class Paths:
+    workdir: Path
+    data_root: Path
+
+    @classmethod
+    def for_config(cls, config: PlatformConfig, workdir: str | os.PathLike | None = None) -> "Paths":
+        wd = workdir or os.environ.get("LATTICE_WORKDIR") or config.workdir.format(name=config.name)
+        return cls(workdir=Path(wd).resolve(), data_root=Path(config.data_root).expanduser().resolve())
+
+    def source_path(self, path: str) -> Path:
+        p = Path(path).expanduser()
+        return p if p.is_absolute() else self.data_root / p
+
+    # data stages
+    @property
+    def consolidated(self) -> Path:
+        return self.workdir / "consolidated"
+
+    @property
+    def quarantine(self) -> Path:
+        return self.workdir / "quarantine"
+
+    @property
+    def aggregates(self) -> Path:
+        return self.workdir / "aggregates"
+
+    @property
+    def training_set(self) -> Path:
+        return self.workdir / "training_set"
+
+    @property
+    def feast_repo(self) -> Path:
+        return self.workdir / "feast"
+
+    @property
+    def validation(self) -> Path:
+        return self.workdir / "validation"
+
+    # model stages
+    @property
+    def models(self) -> Path:
+        return self.workdir / "models"
+
+    def model_dir(self, model: str) -> Path:
+        return self.models / model
+
+    @property
+    def teacher_scores(self) -> Path:
+        return self.workdir / "teacher_scores"
+
+    @property
+    def mlflow(self) -> Path:
+        return self.workdir / "mlflow"
+
+    @property
+    def reports(self) -> Path:
+        return self.workdir / "reports"
+
+    def ensure(self) -> "Paths":
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        return self
