@@ -13,7 +13,7 @@ VENV=.venv
 STAMP=$VENV/.lattice-setup-stamp
 want=$(cat requirements-torch.txt requirements.txt requirements.lock pyproject.toml infra/setup.sh | sha256sum | cut -c1-16)
 
-if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] && $VENV/bin/python -c "import torchrec, pyspark, feast, airflow" 2>/dev/null; then
+if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] && $VENV/bin/python -c "import importlib.util as u, sys; sys.exit(not all(u.find_spec(m) for m in ('torchrec', 'pyspark', 'feast', 'airflow', 'lattice')))" 2>/dev/null; then
   echo "setup: .venv is up to date ($want)"
 else
   [ -x $VENV/bin/python ] || "$PY" -m venv $VENV
