@@ -77,16 +77,17 @@ class World:
             w = 1.0 / np.arange(1, n + 1) ** params.zipf_exponent
             return np.cumsum(w) / w.sum()
 
+        f32 = np.float32  # per-id tables dominate memory at millions of ids
         return cls(
-            user_segment=user_segment,
-            user_vec=seg_centers[user_segment] + 0.35 * rng.normal(size=(n_users, K)),
-            user_bias=0.3 * rng.normal(size=n_users),
-            user_activity=rng.gamma(2.0, 1.0, n_users),
+            user_segment=user_segment.astype(np.int32),
+            user_vec=(seg_centers[user_segment] + 0.35 * rng.normal(size=(n_users, K))).astype(f32),
+            user_bias=(0.3 * rng.normal(size=n_users)).astype(f32),
+            user_activity=rng.gamma(2.0, 1.0, n_users).astype(f32),
             user_cdf=zipf_cdf(n_users),
-            ad_category=ad_category,
-            ad_vec=cat_centers[ad_category] + 0.35 * rng.normal(size=(n_ads, K)),
-            ad_bias=0.3 * rng.normal(size=n_ads),
-            ad_price=np.exp(rng.normal(2.0, 0.6, N_CATEGORIES)[ad_category] + 0.3 * rng.normal(size=n_ads)),
+            ad_category=ad_category.astype(np.int32),
+            ad_vec=(cat_centers[ad_category] + 0.35 * rng.normal(size=(n_ads, K))).astype(f32),
+            ad_bias=(0.3 * rng.normal(size=n_ads)).astype(f32),
+            ad_price=np.exp(rng.normal(2.0, 0.6, N_CATEGORIES)[ad_category] + 0.3 * rng.normal(size=n_ads)).astype(f32),
             ad_cdf=zipf_cdf(n_ads),
             domain_mix=rng.normal(0, 0.4, (3, K, K)),
             cvr_mix=rng.normal(0, 0.5, (K, K)),
