@@ -10,6 +10,21 @@ from typing import Any, Callable
 # name -> "module:function". Only stages that exist are listed.
 STAGES: dict[str, str] = {
     "synth": "lattice.data.synth_stage:synth",
+    "train": "lattice.training.stages:train",
+    "score": "lattice.training.stages:score_stage",
+    "evaluate": "lattice.evaluation.stages:evaluate",
+    "distill": "lattice.distill.stages:distill",
+    "export": "lattice.export.stages:export_stage",
+    "register": "lattice.registry.stages:register",
+    "promote": "lattice.promotion.stages:promote",
+    "rollback": "lattice.promotion.stages:rollback",
+    # the feature pipeline (Spark + Great Expectations + Feast); "features" runs the whole chain
+    "features": "pipelines.stages:run_features",
+    "consolidate": "pipelines.consolidate:ingest_and_consolidate",
+    "aggregates": "pipelines.aggregates:build_aggregates",
+    "feast_apply": "pipelines.feast_jobs:feast_apply",
+    "training_set": "pipelines.feast_jobs:build_training_set",
+    "materialize": "pipelines.feast_jobs:materialize",
 }
 
 

@@ -103,7 +103,8 @@ def load_config(path: str | os.PathLike) -> PlatformConfig:
     if not p.is_file():
         raise ConfigError(str(p), [Problem("", str(p), "config file not found; pass a path like configs/demo.yaml")])
     try:
-        data = yaml.safe_load(_expand_env(p.read_text()))
+        # the C loader parses ~10x faster; DAG files load every config at parse time
+        data = yaml.load(_expand_env(p.read_text()), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "?"

@@ -286,6 +286,12 @@ class Promotion(Strict):
     max_latency_ms: float = Field(default=10.0, gt=0)
     max_artifact_mb: float = Field(default=200.0, gt=0)
     floors: Floors = Field(default_factory=Floors)
+    int8_embeddings: bool = False
+    """Export the student with INT8 row-wise quantized embedding tables (smaller artifact)."""
+    export_tolerance: float = Field(default=1e-4, gt=0)
+    """Max |Δp| between the exported artifact and the training model (FP32 export)."""
+    int8_tolerance: float = Field(default=0.02, gt=0)
+    """Max |Δp| allowed when the embeddings are INT8 (quantization error is expected)."""
 
 
 class FeatureStore(Strict):

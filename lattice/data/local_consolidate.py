@@ -29,7 +29,8 @@ def _read(source: Source, path: Path) -> pd.DataFrame:
         )
     if source.format == "parquet":
         return pd.read_parquet(path)
-    return pd.read_json(path, lines=True, dtype=False)
+    # convert_dates=False: pandas would turn columns named like "timestamp_*" into dates on its own
+    return pd.read_json(path, lines=True, dtype=False, convert_dates=False)
 
 
 def _times(source: Source, df: pd.DataFrame) -> pd.Series:

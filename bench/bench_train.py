@@ -1,0 +1,225 @@
+"""Training benchmark: model quality (teacher vs baselines vs oracle) and training throughput
+(TorchRec on 1 and 2 ranks vs a plain-PyTorch nn.EmbeddingBag build of the same network).
+
+    nice .venv/bin/python bench/bench_train.py --rows 1000000            # quality + throughput
+    nice .venv/bin/python bench/bench_train.py --rows 200000 --skip-quality
+
+Prints figures with the machine and the comparison in the same run; asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from lattice.config import PlatformConfig, load_config  # noqa: E402
+from lattice.paths import Paths  # noqa: E402
+
+
+def prepare(config: PlatformConfig, rows: int, workdir: Path) -> tuple[PlatformConfig, Paths]:
+    from lattice.data.local_table import write_local_table
+    from lattice.data.synth import generate
+
+    raw = workdir / "raw"
+    config = config.model_copy(update={"data_root": str(raw)})
+    paths = Paths.for_config(config, workdir / "work")
+    manifest = raw / "manifest.json"
+    if not (manifest.exists() and json.loads(manifest.read_text()).get("rows") == rows):
+        t = time.perf_counter()
+        generate(config, rows, raw, progress=True)
+        print(f"generated {rows:,} rows in {time.perf_counter() - t:.0f}s")
+    if not paths.consolidated.exists():
+        t = time.perf_counter()
+        write_local_table(config, paths)
+        print(f"consolidated (pandas reference) in {time.perf_counter() - t:.0f}s")
+    return config, paths
+
+
+# ---------------------------------------------------------------- quality
+
+
+def quality(config: PlatformConfig, paths: Paths, models: list[str], nproc: int, epochs: int | None) -> dict:
+    from lattice.cli.train_cmd import summary_table
+    from lattice.training.stages import train
+
+    metrics = {}
+    for m in models:
+        t = time.perf_counter()
+        s = train(config, paths, model=m, nproc=nproc, epochs=epochs, progress=False)
+        print(f"{m}: {time.perf_counter() - t:.0f}s, best epoch {s['best_epoch']}, macro NE {s['macro']['ne']:.4f}", flush=True)
+        metrics[m] = json.loads((paths.model_dir(m) / "metrics.json").read_text())
+    print("\n" + summary_table(config, metrics))
+    out = {"macro_ne_by_objective": {m: metrics[m]["by_objective"] for m in models}}
+    if "teacher" in metrics:
+        t = metrics["teacher"]
+        beats = {o: all(t["by_objective"][o]["ne"] < metrics[b]["by_objective"][o]["ne"] for b in models if b != "teacher")
+                 for o in config.objective_names}
+        gap = {c: (v["ne"] / v["oracle_ne"] - 1) for c, v in t["cells"].items() if v.get("oracle_ne")}
+        out.update({"teacher_beats_every_baseline_per_objective": beats, "teacher_vs_oracle_relative_gap": gap})
+        print("\nteacher beats every baseline on macro NE per objective:", beats)
+        print("teacher NE / oracle NE - 1 per cell:", {c: f"{g:+.1%}" for c, g in gap.items()}, "(goal: within +3%)")
+    return out
+
+
+# ---------------------------------------------------------------- throughput
+
+
+class PlainEBC(nn.Module):
+    """The same tables as the TorchRec EmbeddingBagCollection, as plain nn.EmbeddingBag modules
+    (sparse gradients, updated by torch.optim.Adagrad): the no-TorchRec baseline."""
+
+    def __init__(self, ebc):
+        super().__init__()
+        self.keys = [c.feature_names[0] for c in ebc.embedding_bag_configs()]
+        self.bags = nn.ModuleList([nn.EmbeddingBag(c.num_embeddings, c.embedding_dim, mode="sum", sparse=True, include_last_offset=True)
+                                   for c in ebc.embedding_bag_configs()])
+
+    def forward(self, kjt):
+        from torchrec.sparse.jagged_tensor import KeyedTensor
+
+        d = kjt.to_dict()
+        outs = [bag(d[k].values(), d[k].offsets()) for k, bag in zip(self.keys, self.bags)]  # F x (B, d_f)
+        return KeyedTensor.from_tensor_list(self.keys, outs)
+
+
+def _batches(config, paths, n: int):
+    from lattice.data.loader import BatchLoader, find_table, fit_dense_stats
+
+    root = find_table(paths)
+    stats = fit_dense_stats(config, root)
+    it = iter(BatchLoader(config, root, stats, "train", num_workers=0))
+    return [next(it) for _ in range(n)], len(stats.columns), stats
+
+
+def throughput_worker(args) -> None:
+    """One rank of the throughput run (torchrun or in-process): batches are preloaded so only the
+    model step is timed."""
+    from torchrec import EmbeddingBagCollection
+    from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
+    from torchrec.optim.optimizers import in_backward_optimizer_filter
+
+    from lattice.models import build_model
+    from lattice.training import distributed as D
+    from lattice.training.loop import SPARSE_OPTIMIZERS
+    from lattice.training.loss import mdmo_loss
+
+    config = load_config(args.config).model_copy(update={"data_root": str(Path(args.workdir) / "raw")})
+    config = config.model_copy(update={"training": config.training.model_copy(update={"batch_size": args.batch_size})})
+    paths = Paths.for_config(config, Path(args.workdir) / "work")
+    rank, world, _ = D.init_process_group() if args.impl == "torchrec" else (0, 1, False)
+    batches, n_dense, stats = _batches(config, paths, args.steps + 3)
+    torch.manual_seed(0)
+    model = build_model(config, "teacher", n_dense)
+    model.set_output_bias(stats.label_rates)
+    tr = config.training
+    if args.impl == "torchrec":
+        tables = [p for m in model.modules() if isinstance(m, EmbeddingBagCollection) for p in m.parameters()]
+        apply_optimizer_in_backward(SPARSE_OPTIMIZERS["adagrad"], tables, {"lr": tr.lr_sparse})
+        model = D.wrap(model, D.make_plan(model, world, D.sharding_types(tr.sharding_types)))
+        opts = [torch.optim.Adam([p for _, p in in_backward_optimizer_filter(model.named_parameters())], lr=tr.lr_dense)]
+    else:
+        model.sparse.ebc = PlainEBC(model.sparse.ebc)
+        sparse = list(model.sparse.ebc.parameters())
+        ids = {id(p) for p in sparse}
+        opts = [torch.optim.Adagrad(sparse, lr=tr.lr_sparse), torch.optim.Adam([p for p in model.parameters() if id(p) not in ids], lr=tr.lr_dense)]
+
+    def step(b):
+        loss = mdmo_loss(config, model(*b.inputs()), b).total
+        for o in opts:
+            o.zero_grad()
+        loss.backward()
+        for o in opts:
+            o.step()
+
+    for b in batches[:3]:  # warm-up
+        step(b)
+    t = time.perf_counter()
+    n = 0
+    for b in batches[3:]:
+        step(b)
+        n += len(b)
+    secs = time.perf_counter() - t
+    if args.impl == "torchrec" and world > 1:
+        import torch.distributed as dist
+
+        tot = torch.tensor([float(n), secs])
+        dist.all_reduce(tot)
+        n, secs = tot[0].item(), tot[1].item() / world
+    if rank == 0:
+        print(json.dumps({"impl": args.impl, "world": world, "examples": n, "seconds": secs, "examples_per_s": n / secs}))
+
+
+def throughput(args) -> dict:
+    common = [sys.executable, __file__, "--throughput-worker", "--config", args.config, "--workdir", args.workdir,
+              "--steps", str(args.steps), "--batch-size", str(args.batch_size), "--rows", str(args.rows)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    runs = {
+        "plain_1rank": common + ["--impl", "plain"],
+        "torchrec_1rank": common + ["--impl", "torchrec"],
+        "torchrec_2ranks": [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--nnodes=1",
+                            "--master_addr=127.0.0.1", "--master_port=29517", __file__, "--throughput-worker",
+                            *common[3:], "--impl", "torchrec"],
+    }
+    out = {}
+    for name, cmd in runs.items():
+        # one thread per rank everywhere, so the comparison is per core
+        res = subprocess.run(cmd, env={**env, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True)
+        line = [x for x in res.stdout.splitlines() if x.startswith("{")]
+        if res.returncode or not line:
+            print(f"{name} failed:\n{res.stderr[-2000:]}")
+            continue
+        out[name] = json.loads(line[-1])
+        print(f"{name:16s} {out[name]['examples_per_s']:>10,.0f} examples/s", flush=True)
+    if "plain_1rank" in out:
+        for k in ("torchrec_1rank", "torchrec_2ranks"):
+            if k in out:
+                print(f"{k} / plain_1rank = {out[k]['examples_per_s'] / out['plain_1rank']['examples_per_s']:.2f}x (goal >= 1.5x)")
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", default=str(ROOT / "configs" / "demo.yaml"))
+    p.add_argument("--rows", type=int, default=1_000_000)
+    p.add_argument("--workdir", default=None, help="default: .lattice/bench_train_<rows>")
+    p.add_argument("--models", default="teacher,separate,pooled,mmoe")
+    p.add_argument("--nproc", type=int, default=2)
+    p.add_argument("--epochs", type=int, default=None)
+    p.add_argument("--steps", type=int, default=30, help="timed steps per throughput run")
+    p.add_argument("--batch-size", type=int, default=1024)
+    p.add_argument("--skip-quality", action="store_true")
+    p.add_argument("--skip-throughput", action="store_true")
+    p.add_argument("--throughput-worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--impl", default="torchrec", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    args.workdir = args.workdir or str(ROOT / ".lattice" / f"bench_train_{args.rows}")
+    if args.throughput_worker:
+        return throughput_worker(args)
+    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, rows {args.rows:,}")
+    config, paths = prepare(load_config(args.config), args.rows, Path(args.workdir))
+    result: dict = {"rows": args.rows, "cores": os.cpu_count()}
+    if not args.skip_throughput:
+        result["throughput"] = throughput(args)
+    if not args.skip_quality:
+        result["quality"] = quality(config, paths, args.models.split(","), args.nproc, args.epochs)
+    out = Path(args.workdir) / "bench_train.json"
+    out.write_text(json.dumps(result, indent=1, default=str))
+    print(f"\nwrote {out}")
+
+
+if __name__ == "__main__":
+    np.set_printoptions(precision=4)
+    main()

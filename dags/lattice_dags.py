@@ -1,0 +1,110 @@
+"""Lattice DAG factory: one family of DAGs per platform config in `configs/` (or $LATTICE_CONFIGS_DIR):
+`<config>__features`, `<config>__train_teacher`, `<config>__distill`, `<config>__promote`.
+
+This file only wires: what each DAG runs and which parameters it takes come from
+`lattice.orchestration.spec`, and every task calls a stage through `lattice.stages` in
+`lattice.orchestration.task_runner`. Heavy libraries (torch, Spark, Feast) are imported inside
+tasks only, so this file parses in well under a second.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import os
+
+from airflow.sdk import Asset, Param, dag, get_current_context, task
+
+from lattice.config import ConfigError, PlatformConfig, load_config
+from lattice.orchestration.locations import config_files
+from lattice.orchestration.spec import DagSpec, TaskSpec, dag_specs
+
+log = logging.getLogger(__name__)
+
+# Retries with exponential back-off; tests set LATTICE_AIRFLOW_RETRIES=0 to fail fast.
+RETRIES = int(os.environ.get("LATTICE_AIRFLOW_RETRIES", "2"))
+DEFAULT_ARGS = {
+    "owner": "lattice",
+    "retries": RETRIES,
+    "retry_delay": dt.timedelta(seconds=30),
+    "retry_exponential_backoff": True,
+    "max_retry_delay": dt.timedelta(minutes=10),
+}
+START = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
+
+
+def assets_for(config: PlatformConfig) -> dict[str, Asset]:
+    """features / teacher / student: what the upstream DAG publishes and the downstream one waits for.
+    Named by config, not by folder: a moved workdir must not turn into a new (or a clashing) asset."""
+    return {kind: Asset(name=f"lattice.{config.name}.{kind}", uri=f"x-lattice://{config.name}/{kind}", group="lattice")
+            for kind in ("features", "teacher", "student")}
+
+
+def _task(config_file: str, spec: DagSpec, t: TaskSpec, outlets: list[Asset]):
+    @task(task_id=t.task_id, outlets=outlets, doc_md=t.doc)
+    def run_stage() -> dict:
+        from lattice.orchestration.task_runner import run_task
+
+        return run_task(config_file, t, dict(get_current_context()["params"]), spec.params)
+
+    return run_stage()
+
+
+def build(config_file: str, config: PlatformConfig, spec: DagSpec, assets: dict[str, Asset]):
+    schedule = spec.schedule.cron or ([assets[spec.schedule.asset]] if spec.schedule.asset else None)
+
+    @dag(
+        dag_id=spec.dag_id,
+        description=spec.description,
+        doc_md=spec.doc_md,
+        schedule=schedule,
+        start_date=START,
+        catchup=False,
+        max_active_runs=1,  # runs of one DAG share a workdir; never two at once
+        tags=spec.tags,
+        default_args=DEFAULT_ARGS,
+        params={p.name: Param(p.default, description=p.description, title=p.title, **p.schema) for p in spec.params},
+    )
+    def family():
+        previous = None
+        for t in spec.tasks:
+            current = _task(config_file, spec, t, [assets[t.outlet]] if t.outlet else [])
+            if previous is not None:
+                previous >> current
+            previous = current
+
+    return family()
+
+
+def invalid_config_dag(stem: str, problems: str):
+    @dag(dag_id=f"{stem}__invalid_config", description=f"INVALID CONFIG {stem}: fix the file to get its DAGs",
+         doc_md=f"### configs/{stem}: invalid platform config\n\n```\n{problems}\n```", schedule=None,
+         start_date=START, catchup=False, tags=["lattice", "invalid-config"])
+    def broken():
+        @task(task_id="report_config_problems", retries=0)
+        def report():
+            raise ValueError(f"platform config {stem} is invalid; fix it and its DAGs appear:\n{problems}")
+
+        report()
+
+    return broken()
+
+
+def build_all() -> dict[str, object]:
+    dags: dict[str, object] = {}
+    for path in config_files():
+        try:
+            config = load_config(str(path))
+        except ConfigError as exc:
+            # One broken config must not hide the others' DAGs: it gets a DAG that shows the problems.
+            log.error("invalid platform config %s\n%s", path, exc)
+            broken = invalid_config_dag(path.stem, str(exc))
+            dags[broken.dag_id] = broken
+            continue
+        assets = assets_for(config)
+        for spec in dag_specs(config):
+            dags[spec.dag_id] = build(str(path), config, spec, assets)
+    return dags
+
+
+globals().update(build_all())

@@ -1,0 +1,126 @@
+"""Build the Feast repo of a platform config: `feature_store.yaml` in `paths.feast_repo` and the
+Feast objects (entities, feature views, feature services). Nothing here is per-config code: a new
+domain, entity or aggregate in the YAML shows up as a new entity or view on the next apply."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+
+import yaml
+
+from lattice.config import PlatformConfig
+from lattice.paths import Paths
+
+SPARK_CONF = {
+    "spark.master": "local[2]",
+    "spark.ui.enabled": "false",
+    "spark.sql.session.timeZone": "UTC",
+    "spark.sql.execution.arrow.pyspark.enabled": "true",
+    "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
+}
+
+
+def feature_service_name(config: PlatformConfig, version: int = 1) -> str:
+    """The FeatureService a model version trains and serves with (registry entries record it)."""
+    if version < 1:
+        raise ValueError(f"model versions start at 1, got {version}")
+    return f"{config.name}_v{version}"
+
+
+def project_name(config: PlatformConfig) -> str:
+    return config.name
+
+
+def store_config(config: PlatformConfig, paths: Paths) -> dict:
+    data = paths.feast_repo / "data"
+    fs = config.feature_store
+    if fs.online_store == "redis":
+        online = {"type": "redis", "connection_string": fs.redis_url}
+    else:
+        online = {"type": "sqlite", "path": str(data / "online_store.db")}
+    offline: dict = {"type": "file"} if fs.offline_store == "file" else {"type": "spark", "spark_conf": dict(SPARK_CONF)}
+    return {
+        "project": project_name(config),
+        "registry": str(data / "registry.db"),
+        "provider": "local",
+        "online_store": online,
+        "offline_store": offline,
+        "entity_key_serialization_version": 3,
+    }
+
+
+def write_repo(config: PlatformConfig, paths: Paths) -> Path:
+    """(Re)write feature_store.yaml and a definitions file that `feast apply` can also use."""
+    repo = paths.feast_repo
+    (repo / "data").mkdir(parents=True, exist_ok=True)
+    (repo / "feature_store.yaml").write_text(
+        "# generated from the platform config by features.repo.write_repo; edit the config, not this file\n"
+        + yaml.safe_dump(store_config(config, paths), sort_keys=False))
+    src = config.source_file or ""
+    (repo / "definitions.py").write_text(
+        '"""Feast definitions of this repo, built from the platform config (for the `feast` CLI)."""\n'
+        "import os\n\n"
+        "from lattice.config import load_config\n"
+        "from lattice.paths import Paths\n"
+        "from features.repo import definitions\n\n"
+        f"_config = load_config(os.environ.get('LATTICE_CONFIG', {src!r}))\n"
+        f"_paths = Paths.for_config(_config, {str(paths.workdir)!r})\n"
+        "for _i, _obj in enumerate(definitions(_config, _paths)):\n"
+        "    globals()[f'obj_{_i}'] = _obj\n")
+    return repo
+
+
+def entities(config: PlatformConfig) -> dict:
+    from feast import Entity, ValueType
+
+    return {f.name: Entity(name=f.name, join_keys=[f.column], value_type=ValueType.INT64,
+                           description=f"sparse feature {f.name} (stable int64 id)")
+            for f in config.entity_features}
+
+
+def _source(config: PlatformConfig, paths: Paths, agg_name: str):
+    from pipelines.aggregates import aggregate_path
+
+    path = str(aggregate_path(paths, agg_name))
+    if config.feature_store.offline_store == "spark":
+        from feast.infra.offline_stores.contrib.spark_offline_store.spark_source import SparkSource
+
+        return SparkSource(name=f"{agg_name}_source", path=path, file_format="parquet",
+                           timestamp_field="event_timestamp", created_timestamp_column="created")
+    from feast import FileSource
+    from feast.data_format import ParquetFormat
+
+    return FileSource(name=f"{agg_name}_source", path=path, file_format=ParquetFormat(),
+                      timestamp_field="event_timestamp", created_timestamp_column="created")
+
+
+def feature_views(config: PlatformConfig, paths: Paths) -> list:
+    from feast import FeatureView, Field
+    from feast.types import Float64, Int64
+
+    from pipelines.aggregates import feature_columns
+
+    ents = entities(config)
+    views = []
+    for agg in config.features.aggregates:
+        views.append(FeatureView(
+            name=agg.name, entities=[ents[agg.entity]], ttl=dt.timedelta(days=config.feature_store.ttl_days),
+            schema=[Field(name=c, dtype=Float64 if kind == "rate" else Int64) for c, kind in feature_columns(agg)],
+            source=_source(config, paths, agg.name), online=True,
+            description=f"point-in-time {agg.objective} counts/rates per {agg.entity} over {', '.join(agg.windows)}",
+            tags={"objective": agg.objective, "entity": agg.entity},
+        ))
+    return views
+
+
+def feature_service(config: PlatformConfig, paths: Paths, version: int = 1, views: list | None = None):
+    from feast import FeatureService
+
+    return FeatureService(name=feature_service_name(config, version), features=views if views is not None else feature_views(config, paths),
+                          description=f"features of model version {version} of {config.name}", tags={"version": str(version)})
+
+
+def definitions(config: PlatformConfig, paths: Paths, version: int = 1) -> list:
+    views = feature_views(config, paths)
+    return [*entities(config).values(), *views, feature_service(config, paths, version, views)]

@@ -1,0 +1,55 @@
+"""`lattice demo [--workdir DIR] [--rows N]`: the whole platform on embedded defaults."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def _summary(report: dict) -> str:
+    lines = ["", "Headline: macro NE per objective (test split; lower is better)"]
+    head = report.get("headline", {})
+    objs = sorted({o for v in head.values() for o in v})
+    lines.append(f"  {'model':<22}" + "".join(f"{o:>12}" for o in objs))
+    for model, vals in head.items():
+        lines.append(f"  {model:<22}" + "".join(f"{vals.get(o, float('nan')):>12.4f}" for o in objs))
+    promo = report.get("promotion") or {}
+    if promo:
+        lines.append(f"\nPromotion: {promo.get('decision', '?')} (champion v{promo.get('champion_before')} -> v{promo.get('champion_after')})")
+    lines.append("\nStage timings:")
+    for t in report.get("timings", []):
+        lines.append(f"  {t['stage']:<22}{t['seconds']:>9.1f}s  {t['status']}")
+    return "\n".join(lines)
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from lattice.cli.common import load_or_exit
+    from lattice.demo.pipeline import run_demo
+    from lattice.paths import Paths
+
+    config = load_or_exit(args.config)
+    if args.workdir:
+        wd = Path(args.workdir).resolve()
+        paths = Paths(workdir=wd, data_root=wd / "raw")
+    else:
+        paths = Paths.for_config(config)
+    report = run_demo(config, paths, rows=args.rows, nproc=args.nproc, epochs=args.epochs,
+                      serve_requests=args.requests, progress=not args.quiet)
+    print(_summary(report))
+    print(f"\nreport: {paths.workdir / 'report.html'}  (and report.json)")
+    if report.get("status") != "ok":
+        print(f"demo FAILED: {report.get('error')}")
+        return 1
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("demo", help="run the whole platform end to end on synthetic data and write a report")
+    p.add_argument("--config", default="configs/demo.yaml")
+    p.add_argument("--workdir", default=None, help="work directory (default .lattice/demo); raw logs go to WORKDIR/raw")
+    p.add_argument("--rows", type=int, default=200_000, help="synthetic impressions to generate")
+    p.add_argument("--nproc", type=int, default=2, help="training processes for the sharded teacher")
+    p.add_argument("--epochs", type=int, default=None, help="override training.epochs")
+    p.add_argument("--requests", type=int, default=300, help="requests sent in the serving check")
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(func=_demo)

@@ -1,0 +1,77 @@
+"""`lattice train CONFIG --model teacher|student|separate|pooled|mmoe|shared_bottom|all-baselines`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from lattice.cli.common import load_or_exit
+
+CHOICES = ["teacher", "student", "separate", "pooled", "mmoe", "shared_bottom", "all-baselines"]
+
+
+def summary_table(config, metrics: dict[str, dict]) -> str:
+    """Rows: cells + macro; columns: models and the oracle (where truth columns exist)."""
+    names = list(metrics)
+    cells = [f"{d}/{o}" for d, o in config.cells()]
+    has_oracle = any(m["cells"].get(c, {}).get("oracle_ne") is not None for m in metrics.values() for c in cells)
+    head = ["cell (test NE)"] + names + (["oracle"] if has_oracle else [])
+    rows = []
+    for c in cells:
+        row = [c] + [_fmt(metrics[n]["cells"].get(c, {}).get("ne")) for n in names]
+        if has_oracle:
+            row.append(_fmt(next((m["cells"][c].get("oracle_ne") for m in metrics.values() if c in m["cells"]), None)))
+        rows.append(row)
+    macro = ["macro NE"] + [_fmt(metrics[n]["macro"]["ne"]) for n in names] + ([_fmt(next(iter(metrics.values()))["macro"].get("oracle_ne"))] if has_oracle else [])
+    auc = ["macro AUC"] + [_fmt(metrics[n]["macro"]["auc"]) for n in names] + ([""] if has_oracle else [])
+    rows += [macro, auc]
+    widths = [max(len(str(r[i])) for r in [head] + rows) for i in range(len(head))]
+    line = lambda r: "  ".join(str(v).ljust(w) if i == 0 else str(v).rjust(w) for i, (v, w) in enumerate(zip(r, widths)))  # noqa: E731
+    return "\n".join([line(head), line(["-" * w for w in widths])] + [line(r) for r in rows])
+
+
+def _fmt(x) -> str:
+    return "-" if x is None or x != x else f"{x:.4f}"
+
+
+def _train(args: argparse.Namespace) -> int:
+    import json
+
+    from lattice.data.loader import NoTrainingData
+    from lattice.models.build import baseline_names
+    from lattice.paths import Paths
+    from lattice.training.stages import train
+
+    config = load_or_exit(args.config)
+    paths = Paths.for_config(config, args.workdir)
+    models = baseline_names(config) if args.model == "all-baselines" else [args.model]
+    results = {}
+    for name in models:
+        try:
+            s = train(config, paths, model=name, nproc=args.nproc, epochs=args.epochs, teacher_scores=args.teacher_scores,
+                      seed=args.seed, resume=args.resume)
+        except NoTrainingData as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+        print(f"trained {name} on {s['world_size']} rank(s) in {s['seconds']:.0f}s: best epoch {s['best_epoch']}, "
+              f"{s['cost']['params']:,} params, {s['cost']['flops_per_example']:,.0f} FLOPs/example -> {s['model_dir']}")
+        results[name] = json.loads((paths.model_dir(name) / "metrics.json").read_text())
+    # show the new models next to every other trained model of this workdir
+    for other in sorted(p.name for p in paths.models.glob("*") if (p / "metrics.json").exists()):
+        results.setdefault(other, json.loads((paths.model_dir(other) / "metrics.json").read_text()))
+    print()
+    print(summary_table(config, results))
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("train", help="train the MDMO teacher, the student or the baselines (TorchRec, torchrun)")
+    p.add_argument("config", help="platform config YAML, e.g. configs/demo.yaml")
+    p.add_argument("--model", default="teacher", choices=CHOICES, help="what to train (all-baselines: those enabled in models.baselines)")
+    p.add_argument("--nproc", type=int, default=None, help="ranks for torchrun (default: training.nproc; 1 = in this process)")
+    p.add_argument("--epochs", type=int, default=None, help="default: training.epochs")
+    p.add_argument("--workdir", default=None, help="default: the config's workdir (or $LATTICE_WORKDIR)")
+    p.add_argument("--teacher-scores", default=None, help="parquet of example_id + p_<objective> (distillation)")
+    p.add_argument("--seed", type=int, default=None, help="default: training.seed")
+    p.add_argument("--resume", action="store_true", help="continue from the model's last checkpoint (same --nproc)")
+    p.set_defaults(func=_train)

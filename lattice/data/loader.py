@@ -1,0 +1,327 @@
+"""Streaming parquet -> `Batch` loader.
+
+The table is the consolidated example table (`lattice.data.schema`), read from
+`paths.training_set` when the feature pipeline has written it, else `paths.consolidated`.
+Work is cut into *units* (one parquet row group each); per epoch the unit order is shuffled with
+(seed, epoch), worker processes take every n-th unit, rows go through a bounded shuffle buffer
+(so batches mix domains even though files are partitioned by domain), and each rank keeps every
+world_size-th row. Memory is bounded by the buffer, not by the table, and the order is a pure
+function of (seed, epoch, rank, world_size, num_workers).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import torch
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+from lattice.config import PlatformConfig
+from lattice.data import schema as S
+from lattice.data.batch import Batch, kjt_from_ids
+from lattice.data.split import Split, split_mask
+from lattice.data.transforms import DenseStats, StatsAccumulator, dense_spec
+from lattice.paths import Paths
+
+_HIVE = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
+
+
+class NoTrainingData(FileNotFoundError):
+    pass
+
+
+def find_table(paths: Paths) -> Path:
+    """The training set if the feature pipeline wrote it, else the consolidated examples."""
+    for p in (paths.training_set, paths.consolidated):
+        if p.exists() and any(p.rglob("*.parquet")):
+            return p
+    raise NoTrainingData(
+        f"no training data: neither {paths.training_set} nor {paths.consolidated} holds parquet files. "
+        "Produce it with `lattice features CONFIG` (the Spark feature pipeline); for a quick local table, "
+        "lattice.data.local_consolidate.consolidate + write_parquet into the consolidated folder."
+    )
+
+
+@dataclass(frozen=True)
+class Unit:
+    file: str
+    row_group: int
+    partition: tuple[tuple[str, str], ...]  # hive key=value pairs from the path
+
+
+def scan_units(root: Path) -> list[Unit]:
+    files = [root] if root.is_file() else sorted(p for p in root.rglob("*.parquet") if not p.name.startswith((".", "_")))
+    units = []
+    for f in files:
+        rel = f.relative_to(root).parts[:-1] if root.is_dir() else ()
+        part = tuple((m.group(1), m.group(2)) for m in (_HIVE.match(s) for s in rel) if m)
+        for rg in range(pq.ParquetFile(f).metadata.num_row_groups):
+            units.append(Unit(str(f), rg, part))
+    if not units:
+        raise NoTrainingData(f"no parquet row groups under {root}")
+    return units
+
+
+def table_columns(root: Path) -> set[str]:
+    """Columns of the table: file schema plus hive partition keys (first file decides)."""
+    u = scan_units(root)[0]
+    return set(pq.ParquetFile(u.file).schema_arrow.names) | {k for k, _ in u.partition}
+
+
+def _column(tbl: pa.Table, name: str, partition: dict[str, str]) -> pa.ChunkedArray | None:
+    if name in tbl.column_names:
+        return tbl.column(name)
+    if name in partition:
+        return pa.chunked_array([pa.array([partition[name]] * tbl.num_rows)])
+    return None
+
+
+def read_unit(unit: Unit, wanted: list[str]) -> tuple[pa.Table, dict[str, str]]:
+    pf = pq.ParquetFile(unit.file)
+    cols = [c for c in wanted if c in pf.schema_arrow.names]
+    return pf.read_row_group(unit.row_group, columns=cols), dict(unit.partition)
+
+
+class RowEncoder:
+    """Arrow table -> dict of numpy arrays in model order (dense transformed, ids, masks...)."""
+
+    def __init__(self, config: PlatformConfig, stats: DenseStats, with_truth: bool = False):
+        self.config = config
+        self.stats = stats
+        self.with_truth = with_truth
+        self.domain_index = {d: i for i, d in enumerate(config.domain_names)}
+        self.sparse = [(f.name, f.column) for f in config.features.sparse]
+        objs = config.objective_names
+        self.columns = list(dict.fromkeys(
+            ["example_id", "domain"]
+            + [c for _, c in self.sparse]
+            + [c.column for c in stats.columns]
+            + [S.label_column(o) for o in objs] + [S.mask_column(o) for o in objs]
+            + ([S.truth_column(o) for o in objs] if with_truth else [])
+        ))
+
+    def encode(self, tbl: pa.Table, partition: dict[str, str], keep: np.ndarray | None = None) -> dict[str, np.ndarray]:
+        if keep is not None:
+            tbl = tbl.take(pa.array(np.flatnonzero(keep)))
+        n = tbl.num_rows
+        ids = _column(tbl, "example_id", partition)
+        dom = _column(tbl, "domain", partition)
+        if ids is None or dom is None:
+            raise ValueError("the example table needs 'example_id' and 'domain' columns (see lattice.data.schema)")
+        dom_np = np.asarray(dom.to_numpy(zero_copy_only=False)).astype(str)
+        unknown = set(dom_np.tolist()) - set(self.domain_index)
+        if unknown:
+            raise ValueError(f"domain(s) {sorted(unknown)} in the table are not declared in the config's 'domains' "
+                             f"{self.config.domain_names}; add them to the config or rebuild the table")
+        out: dict[str, np.ndarray] = {
+            "example_id": np.asarray(ids.to_numpy(zero_copy_only=False)).astype(str),
+            "domain": np.vectorize(self.domain_index.__getitem__, otypes=[np.int64])(dom_np) if n else np.zeros(0, np.int64),
+        }
+        for name, col in self.sparse:
+            a = _column(tbl, col, partition)
+            if a is None:
+                out[f"id:{name}"] = np.zeros(n, np.int64)
+                out[f"has:{name}"] = np.zeros(n, bool)
+            else:
+                # fill_null before to_numpy: a nullable int64 would otherwise become float64 and lose ids > 2**53
+                out[f"id:{name}"] = pc.fill_null(a.cast(pa.int64()), 0).to_numpy().astype(np.int64)
+                out[f"has:{name}"] = pc.is_valid(a).to_numpy(zero_copy_only=False).astype(bool)
+        raw = {}
+        for c in self.stats.columns:
+            a = _column(tbl, c.column, partition)
+            if a is not None:
+                raw[c.column] = pc.fill_null(a.cast(pa.float64()), 0.0).to_numpy()
+        out["dense"] = self.stats.apply(raw, n)
+        for o in self.config.objective_names:
+            for kind, col in (("label", S.label_column(o)), ("mask", S.mask_column(o))):
+                a = _column(tbl, col, partition)
+                out[f"{kind}:{o}"] = np.zeros(n, np.float32) if a is None else pc.fill_null(a.cast(pa.float32()), 0.0).to_numpy()
+            if self.with_truth:
+                a = _column(tbl, S.truth_column(o), partition)
+                out[f"truth:{o}"] = np.full(n, np.nan, np.float32) if a is None else pc.fill_null(a.cast(pa.float32()), np.nan).to_numpy()
+        return out
+
+
+def _concat(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    if len(parts) == 1:
+        return parts[0]
+    return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+
+
+def _take(arrs: dict[str, np.ndarray], idx: np.ndarray | slice) -> dict[str, np.ndarray]:
+    return {k: v[idx] for k, v in arrs.items()}
+
+
+class ExampleStream(IterableDataset):
+    """Yields encoded batches (dicts of numpy arrays) of one split for one rank."""
+
+    def __init__(self, config: PlatformConfig, root: Path, stats: DenseStats, split: Split, batch_size: int,
+                 rank: int = 0, world_size: int = 1, seed: int = 0, shuffle: bool = True,
+                 teacher_scores: str | Path | None = None, with_truth: bool = False, buffer_rows: int | None = None):
+        self.config, self.root, self.stats, self.split = config, Path(root), stats, split
+        self.batch_size, self.rank, self.world_size, self.seed, self.shuffle = batch_size, rank, world_size, seed, shuffle
+        self.teacher_scores = Path(teacher_scores) if teacher_scores else None
+        self.with_truth = with_truth
+        self.buffer_rows = buffer_rows or max(64 * batch_size, 65_536)
+        self.epoch = 0
+        self.units = scan_units(self.root)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def _unit_order(self) -> list[tuple[int, Unit]]:
+        order = list(enumerate(self.units))
+        if self.shuffle:
+            perm = np.random.default_rng([self.seed, self.epoch]).permutation(len(order))
+            order = [order[i] for i in perm]
+        info = get_worker_info()
+        if info is not None:
+            order = order[info.id::info.num_workers]
+        return order
+
+    def _teacher(self) -> pd.DataFrame | None:
+        if self.teacher_scores is None:
+            return None
+        cols = ["example_id"] + [f"p_{o}" for o in self.config.objective_names]
+        have = set(pq.read_schema(self.teacher_scores if self.teacher_scores.is_file() else next(self.teacher_scores.rglob("*.parquet"))).names)
+        missing = [c for c in cols if c not in have]
+        if missing:
+            raise ValueError(f"teacher scores {self.teacher_scores} lack columns {missing}; "
+                             "make them with lattice.training.stages.score(config, paths, 'teacher')")
+        return pd.read_parquet(self.teacher_scores, columns=cols).drop_duplicates("example_id").set_index("example_id")
+
+    def _attach_teacher(self, arrs: dict[str, np.ndarray], teacher: pd.DataFrame) -> None:
+        t = teacher.reindex(arrs["example_id"])
+        ok = np.ones(len(t), bool)
+        for o in self.config.objective_names:
+            v = t[f"p_{o}"].to_numpy(np.float32)
+            ok &= ~np.isnan(v)
+            arrs[f"teacher:{o}"] = np.nan_to_num(v, nan=0.5)
+        arrs["teacher_mask"] = ok.astype(np.float32)
+
+    def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
+        enc = RowEncoder(self.config, self.stats, self.with_truth)
+        teacher = self._teacher()
+        rng = np.random.default_rng([self.seed, self.epoch, 7919, (get_worker_info().id if get_worker_info() else 0)])
+        pending: list[dict[str, np.ndarray]] = []
+        n_pending = 0
+
+        def drain(final: bool) -> Iterator[dict[str, np.ndarray]]:
+            nonlocal pending, n_pending
+            if not pending:
+                return
+            arrs = _concat(pending)
+            if self.shuffle:
+                arrs = _take(arrs, rng.permutation(n_pending))
+            full = (n_pending // self.batch_size) * self.batch_size
+            stop = n_pending if final else full
+            for s in range(0, stop, self.batch_size):
+                yield _take(arrs, slice(s, min(s + self.batch_size, stop)))
+            rest = _take(arrs, slice(stop, n_pending))
+            pending, n_pending = ([rest], len(rest["domain"])) if len(rest["domain"]) else ([], 0)
+
+        for index, unit in self._unit_order():
+            tbl, part = read_unit(unit, enc.columns)
+            ids = _column(tbl, "example_id", part)
+            keep = split_mask(self.config, ids.to_pylist() if ids is not None else [], self.split)
+            if self.world_size > 1:
+                j = np.cumsum(keep) - 1  # position among this unit's kept rows
+                keep &= (j + index) % self.world_size == self.rank
+            if not keep.any():
+                continue
+            arrs = enc.encode(tbl, part, keep)
+            if teacher is not None:
+                self._attach_teacher(arrs, teacher)
+            pending.append(arrs)
+            n_pending += len(arrs["domain"])
+            if n_pending >= (self.buffer_rows if self.shuffle else self.batch_size):
+                yield from drain(final=False)
+        yield from drain(final=True)
+
+
+def to_batch(config: PlatformConfig, arrs: dict[str, np.ndarray]) -> Batch:
+    names = [f.name for f in config.features.sparse]
+    objs = config.objective_names
+    t = torch.from_numpy
+    teacher = {o: t(arrs[f"teacher:{o}"]) for o in objs} if "teacher_mask" in arrs else None
+    truth = {o: t(arrs[f"truth:{o}"]) for o in objs} if f"truth:{objs[0]}" in arrs else None
+    return Batch(
+        dense=t(arrs["dense"]),
+        sparse=kjt_from_ids(names, [arrs[f"id:{n}"] for n in names], [arrs[f"has:{n}"] for n in names]),
+        domain=t(arrs["domain"]),
+        labels={o: t(arrs[f"label:{o}"]) for o in objs},
+        masks={o: t(arrs[f"mask:{o}"]) for o in objs},
+        example_ids=arrs["example_id"],
+        teacher=teacher,
+        teacher_mask=t(arrs["teacher_mask"]) if teacher is not None else None,
+        truth=truth,
+    )
+
+
+class BatchLoader:
+    """Iterable of `Batch` over one split for one rank, with worker processes."""
+
+    def __init__(self, config: PlatformConfig, root: Path, stats: DenseStats, split: Split, batch_size: int | None = None,
+                 rank: int = 0, world_size: int = 1, seed: int | None = None, shuffle: bool | None = None,
+                 num_workers: int | None = None, teacher_scores: str | Path | None = None, with_truth: bool = False):
+        self.config = config
+        self.stream = ExampleStream(
+            config, root, stats, split, batch_size or config.training.batch_size, rank, world_size,
+            config.training.seed if seed is None else seed, split == "train" if shuffle is None else shuffle,
+            teacher_scores, with_truth,
+        )
+        nw = config.training.num_workers if num_workers is None else num_workers
+        self.num_workers = min(nw, len(self.stream.units))
+
+    def set_epoch(self, epoch: int) -> None:
+        self.stream.set_epoch(epoch)
+
+    def __iter__(self) -> Iterator[Batch]:
+        dl = DataLoader(self.stream, batch_size=None, num_workers=self.num_workers,
+                        prefetch_factor=4 if self.num_workers else None)
+        for arrs in dl:
+            yield to_batch(self.config, {k: (v.numpy() if isinstance(v, torch.Tensor) else v) for k, v in arrs.items()})
+
+
+def fit_dense_stats(config: PlatformConfig, root: Path) -> DenseStats:
+    """One streaming pass over the train split (dense stats and per-objective label rates)."""
+    cols = dense_spec(config, table_columns(root))
+    acc = StatsAccumulator(cols)
+    objs = config.objective_names
+    wanted = ["example_id"] + [c.column for c in cols] + [S.label_column(o) for o in objs] + [S.mask_column(o) for o in objs]
+    pos = {o: 0.0 for o in objs}
+    cnt = {o: 0.0 for o in objs}
+    for unit in scan_units(root):
+        tbl, part = read_unit(unit, wanted)
+        keep = split_mask(config, tbl.column("example_id").to_pylist(), "train")
+        tbl = tbl.take(pa.array(np.flatnonzero(keep)))
+        raw = {c.column: pc.fill_null(tbl.column(c.column).cast(pa.float64()), 0.0).to_numpy()
+               for c in cols if c.column in tbl.column_names}
+        acc.add(raw, tbl.num_rows)
+        for o in objs:
+            if S.mask_column(o) in tbl.column_names:
+                m = pc.fill_null(tbl.column(S.mask_column(o)).cast(pa.float64()), 0.0).to_numpy()
+                y = pc.fill_null(tbl.column(S.label_column(o)).cast(pa.float64()), 0.0).to_numpy()
+                pos[o] += float((y * m).sum())
+                cnt[o] += float(m.sum())
+    stats = acc.finish()
+    stats.label_rates = {o: (pos[o] / cnt[o] if cnt[o] else 0.5) for o in objs}
+    return stats
+
+
+def batch_from_frame(config: PlatformConfig, stats: DenseStats, df: pd.DataFrame) -> Batch:
+    """A pandas frame of example-table rows (e.g. serving requests joined with features) -> Batch.
+    Missing feature columns are treated as absent (empty bags, dense at the train mean)."""
+    df = df.copy()
+    if "example_id" not in df:
+        df["example_id"] = [str(i) for i in range(len(df))]
+    tbl = pa.Table.from_pandas(df, preserve_index=False)
+    return to_batch(config, RowEncoder(config, stats).encode(tbl, {}))

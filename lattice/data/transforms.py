@@ -1,0 +1,114 @@
+"""Dense feature transforms: configured transform (log1p / clip / none) then a z-score with the
+train split's mean and std. The stats are fitted once per model, saved with its checkpoint and
+reused for scoring and serving, so a prediction never depends on the batch it arrives in."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from lattice.config import PlatformConfig
+from lattice.data import schema as S
+
+Z_CLIP = 10.0  # z-scores beyond this are outliers that would only destabilise training
+
+
+@dataclass(frozen=True)
+class DenseColumn:
+    column: str
+    transform: str  # none | log1p | clip
+    clip: tuple[float, float] | None = None
+
+
+def dense_spec(config: PlatformConfig, available: set[str]) -> list[DenseColumn]:
+    """Model dense inputs in a fixed order: configured dense features, their presence flags, then
+    the aggregate columns the table holds (missing aggregates are ignored: the model adapts)."""
+    out: list[DenseColumn] = []
+    seen: set[str] = set()
+    for f in config.features.dense:
+        if f.column in seen:
+            continue
+        seen.add(f.column)
+        t = "log1p" if f.transform == "log1p" else "clip" if f.transform == "clip" else "none"
+        out.append(DenseColumn(f.column, t, tuple(f.clip) if f.clip else None))
+    for f in config.features.dense:
+        pc = S.present_column(f.column)
+        if pc in available and pc not in seen:
+            seen.add(pc)
+            out.append(DenseColumn(pc, "none"))
+    for c in S.aggregate_columns(config):
+        if c in available:
+            # counts are heavy-tailed; rates are already in [0, 1]
+            out.append(DenseColumn(c, "none" if "_rate_" in c else "log1p"))
+    return out
+
+
+def _pre(col: DenseColumn, x: np.ndarray) -> np.ndarray:
+    x = np.nan_to_num(x.astype(np.float64), nan=0.0, posinf=0.0, neginf=0.0)
+    if col.transform == "log1p":
+        return np.log1p(np.maximum(x, 0.0))
+    if col.transform == "clip" and col.clip is not None:
+        return np.clip(x, col.clip[0], col.clip[1])
+    return x
+
+
+@dataclass
+class DenseStats:
+    columns: list[DenseColumn]
+    mean: list[float]
+    std: list[float]
+    label_rates: dict[str, float] | None = None  # objective -> train positive rate where labelled
+
+    def apply(self, raw: dict[str, np.ndarray], n: int) -> np.ndarray:
+        """raw column arrays -> (n, n_dense) float32."""
+        out = np.zeros((n, len(self.columns)), dtype=np.float32)
+        for j, col in enumerate(self.columns):
+            x = raw.get(col.column)
+            if x is None:
+                continue  # column absent from this table: stays at the train mean (z = 0)
+            out[:, j] = np.clip((_pre(col, x) - self.mean[j]) / self.std[j], -Z_CLIP, Z_CLIP)
+        return out
+
+    def to_json(self) -> dict:
+        return {"columns": [asdict(c) for c in self.columns], "mean": self.mean, "std": self.std, "label_rates": self.label_rates}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "DenseStats":
+        cols = [DenseColumn(c["column"], c["transform"], tuple(c["clip"]) if c.get("clip") else None) for c in d["columns"]]
+        return cls(cols, list(d["mean"]), list(d["std"]), d.get("label_rates"))
+
+    def save(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.to_json(), indent=1))
+
+    @classmethod
+    def load(cls, path: Path) -> "DenseStats":
+        return cls.from_json(json.loads(Path(path).read_text()))
+
+
+class StatsAccumulator:
+    """Streaming mean/std (sums in float64) so fitting never holds the table in memory."""
+
+    def __init__(self, columns: list[DenseColumn]):
+        self.columns = columns
+        self.n = 0
+        self.s = np.zeros(len(columns))
+        self.ss = np.zeros(len(columns))
+
+    def add(self, raw: dict[str, np.ndarray], n: int) -> None:
+        self.n += n
+        for j, col in enumerate(self.columns):
+            if col.column in raw:
+                x = _pre(col, raw[col.column])
+                self.s[j] += x.sum()
+                self.ss[j] += (x * x).sum()
+
+    def finish(self) -> DenseStats:
+        n = max(self.n, 1)
+        mean = self.s / n
+        var = np.maximum(self.ss / n - mean * mean, 0.0)
+        std = np.where(var > 1e-12, np.sqrt(var), 1.0)  # a constant column stays constant (z = 0)
+        return DenseStats(self.columns, mean.tolist(), std.tolist())

@@ -1,0 +1,208 @@
+"""Render the demo report (a plain dict, also saved as report.json) to a self-contained HTML page
+with embedded PNG plots: training curves, per-cell NE bars, reliability curves, student-vs-teacher
+cost, plus the reconciliation, metrics, promotion and timing tables."""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+MODEL_ORDER = ["teacher", "student", "mmoe", "shared_bottom", "pooled", "separate", "student_no_teacher"]
+
+
+def _png(fig) -> str:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
+    plt.close(fig)
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def _models(report: dict[str, Any]) -> list[str]:
+    names = list(report.get("models", {}))
+    return sorted(names, key=lambda m: (MODEL_ORDER.index(m) if m in MODEL_ORDER else len(MODEL_ORDER), m))
+
+
+def plot_training_curves(report: dict[str, Any]) -> str | None:
+    """history.json per model: {"steps": [[step, train_loss], ...], "epochs": [{"epoch", "val_macro_ne"}, ...]}."""
+    curves = {m: v["history"] for m, v in report.get("models", {}).items() if v.get("history")}
+    if not curves:
+        return None
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 3.6))
+    for model, hist in curves.items():
+        steps = hist.get("steps") or []
+        if steps:
+            a1.plot([s[0] for s in steps], [s[1] for s in steps], label=model)
+        epochs = hist.get("epochs") or []
+        if epochs:
+            a2.plot([e["epoch"] for e in epochs], [e.get("val_macro_ne") for e in epochs], marker="o", label=model)
+    a1.set(xlabel="step", ylabel="train loss", title="Training loss")
+    a2.set(xlabel="epoch", ylabel="validation macro NE", title="Validation")
+    a1.legend(fontsize=7)
+    a2.legend(fontsize=7)
+    return _png(fig)
+
+
+def plot_ne_bars(report: dict[str, Any]) -> str | None:
+    models = _models(report)
+    cells = sorted({c for m in models for c in report["models"][m].get("cells", {})})
+    if not cells:
+        return None
+    series = [(m, [report["models"][m].get("cells", {}).get(c, {}).get("ne") for c in cells]) for m in models]
+    oracle = report.get("oracle", {}).get("cells", {})
+    if oracle:
+        series.append(("oracle", [oracle.get(c, {}).get("ne") for c in cells]))
+    fig, ax = plt.subplots(figsize=(max(7, 1.3 * len(cells)), 3.8))
+    width = 0.8 / len(series)
+    for i, (name, vals) in enumerate(series):
+        xs = [j + i * width for j in range(len(cells))]
+        ax.bar(xs, [v if v is not None else 0 for v in vals], width, label=name, hatch="//" if name == "oracle" else None)
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(cells))], cells, rotation=20, fontsize=8)
+    lows = [v for _, vals in series for v in vals if v]
+    if lows:
+        ax.set_ylim(max(0, min(lows) - 0.05), min(1.05, max(lows) + 0.03))
+    ax.set_ylabel("NE (lower is better)")
+    ax.set_title("Normalized entropy per (domain, objective)")
+    ax.legend(fontsize=7, ncol=4)
+    return _png(fig)
+
+
+def plot_reliability(report: dict[str, Any]) -> str | None:
+    curves = report.get("calibration_curves", {})
+    if not curves:
+        return None
+    cells = sorted({c for m in curves.values() for c in m})
+    fig, axes = plt.subplots(1, len(cells), figsize=(3.0 * len(cells), 3.0), squeeze=False)
+    for ax, cell in zip(axes[0], cells):
+        ax.plot([0, 1], [0, 1], color="grey", lw=0.8)
+        top = 0.0
+        for model, by_cell in curves.items():
+            pts = by_cell.get(cell)
+            if pts:
+                ax.plot(pts["predicted"], pts["observed"], marker="o", ms=3, label=model)
+                top = max(top, max(pts["predicted"] + pts["observed"]))
+        ax.set_xlim(0, top * 1.05 or 1)
+        ax.set_ylim(0, top * 1.05 or 1)
+        ax.set_title(cell, fontsize=9)
+        ax.set_xlabel("mean predicted", fontsize=8)
+    axes[0][0].set_ylabel("observed rate", fontsize=8)
+    axes[0][-1].legend(fontsize=7)
+    fig.suptitle("Reliability (test split, quantile bins)", fontsize=10)
+    return _png(fig)
+
+
+def plot_cost(report: dict[str, Any]) -> str | None:
+    cost = {m: v["cost"] for m, v in report.get("models", {}).items() if v.get("cost")}
+    if "teacher" not in cost or "student" not in cost:
+        return None
+    keys = [k for k in ("params", "flops_per_example") if k in cost["teacher"]]
+    fig, axes = plt.subplots(1, len(keys), figsize=(3.6 * len(keys), 3.0), squeeze=False)
+    for ax, key in zip(axes[0], keys):
+        vals = [cost["teacher"][key], cost["student"][key]]
+        ax.bar(["teacher", "student"], vals, color=["#4c72b0", "#dd8452"])
+        ax.set_title(f"{key} (student = {vals[1] / vals[0]:.1%})", fontsize=9)
+    return _png(fig)
+
+
+def _table(rows: list[list[Any]], header: list[str]) -> str:
+    def cell(v: Any) -> str:
+        if isinstance(v, float):
+            return f"{v:,.4f}" if abs(v) < 100 else f"{v:,.1f}"
+        if isinstance(v, int):
+            return f"{v:,}"
+        return html.escape("" if v is None else str(v))
+
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{cell(v)}</td>" for v in r) + "</tr>" for r in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def metrics_rows(report: dict[str, Any]) -> list[list[Any]]:
+    rows = []
+    oracle = report.get("oracle", {}).get("cells", {})
+    for m in _models(report):
+        for cell, v in sorted(report["models"][m].get("cells", {}).items()):
+            rows.append([m, cell, v.get("ne"), v.get("auc"), v.get("calibration"), oracle.get(cell, {}).get("ne")])
+    return rows
+
+
+def render_html(report: dict[str, Any]) -> str:
+    h = report.get("header", {})
+    parts = [
+        "<!doctype html><html><head><meta charset='utf-8'><title>Lattice demo report</title>",
+        "<style>body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px;color:#222}"
+        "table{border-collapse:collapse;margin:0.6em 0 1.4em}td,th{border:1px solid #ccc;padding:3px 8px;font-size:13px;text-align:right}"
+        "th{background:#f0f0f0}td:first-child,td:nth-child(2){text-align:left}.ok{color:#1a7f37}.bad{color:#c0392b}"
+        "img{max-width:100%;margin:0.5em 0}</style></head><body>",
+        f"<h1>Lattice demo report: <code>{html.escape(str(h.get('config', '')))}</code></h1>",
+        f"<p>Finished {html.escape(str(h.get('finished_at', '')))} in {html.escape(str(h.get('workdir', '')))}</p>",
+    ]
+    status = report.get("status", "unknown")
+    parts.append(f"<p>Status: <b class='{'ok' if status == 'ok' else 'bad'}'>{html.escape(status)}</b></p>")
+    if report.get("error"):
+        parts.append(f"<pre class='bad'>{html.escape(report['error'])}</pre>")
+
+    parts.append("<h2>Headline: macro NE per objective</h2>")
+    head = report.get("headline", {})
+    if head:
+        objs = sorted({o for v in head.values() for o in v})
+        parts.append(_table([[m] + [head[m].get(o) for o in objs] for m in head], ["model"] + objs))
+
+    rec = report.get("pipeline", {}).get("reconciliation", {})
+    if rec:
+        parts.append("<h2>Pipeline reconciliation</h2>")
+        rows = [[d, v.get("in"), v.get("out"), v.get("quarantined"), v.get("skipped", 0),
+                 "yes" if v.get("in") == v.get("out", 0) + v.get("quarantined", 0) + v.get("skipped", 0) else "NO"]
+                for d, v in rec.items()]
+        parts.append(_table(rows, ["domain", "rows in", "rows out", "quarantined", "outside window", "reconciles"]))
+        reasons = report.get("pipeline", {}).get("quarantine_reasons", {})
+        if reasons:
+            parts.append(_table([[r, n] for r, n in reasons.items()], ["quarantine reason", "rows"]))
+
+    parts.append("<h2>Per-cell quality (test split)</h2>")
+    parts.append(_table(metrics_rows(report), ["model", "cell", "NE", "AUC", "calibration", "oracle NE"]))
+
+    for title, fn in (("Training curves", plot_training_curves), ("NE per cell", plot_ne_bars),
+                      ("Calibration", plot_reliability), ("Student vs teacher cost", plot_cost)):
+        img = fn(report)
+        if img:
+            parts.append(f"<h2>{title}</h2><img alt='{title}' src='data:image/png;base64,{img}'>")
+
+    promo = report.get("promotion")
+    if promo:
+        parts.append("<h2>Promotion decision</h2>")
+        decision = promo.get("decision", "?")
+        parts.append(f"<p>Decision: <b class='{'ok' if decision == 'promote' else 'bad'}'>{html.escape(str(decision))}</b> "
+                     f"(champion v{promo.get('champion_before')} → v{promo.get('champion_after')}, "
+                     f"challenger v{promo.get('challenger_version')})</p>")
+        items = []
+        for r in promo.get("reasons", []):
+            mark = "<span class='ok'>✓</span>" if r.get("passed") else "<span class='bad'>✗</span>"
+            where = f" [{html.escape(r['cell'])}]" if r.get("cell") else ""
+            items.append(f"<li>{mark} {html.escape(r.get('check', ''))}{where}: {html.escape(r.get('message', ''))}</li>")
+        parts.append("<ul>" + "".join(items) + "</ul>")
+
+    serving = report.get("serving")
+    if serving:
+        parts.append("<h2>Serving check</h2>")
+        parts.append(_table([[k, v] for k, v in serving.items()], ["measure", "value"]))
+
+    parts.append("<h2>Timings</h2>")
+    parts.append(_table([[t["stage"], t["title"], t["seconds"], t["status"]] for t in report.get("timings", [])],
+                        ["stage", "what", "seconds", "status"]))
+    machine = h.get("machine", {})
+    parts.append(_table([[k, v] for k, v in machine.items()], ["machine", ""]))
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def write_html(report: dict[str, Any], path: Path) -> Path:
+    path.write_text(render_html(report))
+    return path

@@ -1,0 +1,2 @@
+"""Evaluation: NE, AUC and calibration per (domain, objective) cell, macro means, oracle NE,
+reports with plots comparing models."""

@@ -1,0 +1,86 @@
+"""NE, AUC and calibration, per (domain, objective) cell and as macro means.
+
+NE (normalized entropy) = mean log loss / entropy of the cell's base rate: 1.0 is no better than
+predicting the base rate, lower is better. Calibration = sum of predictions / sum of labels.
+The oracle NE scores the generator's true probabilities (synthetic data only).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from lattice.config import PlatformConfig
+
+EPS = 1e-7
+
+
+def log_loss(y: np.ndarray, p: np.ndarray) -> float:
+    p = np.clip(np.asarray(p, np.float64), EPS, 1 - EPS)
+    y = np.asarray(y, np.float64)
+    return float(-np.mean(y * np.log(p) + (1 - y) * np.log(1 - p)))
+
+
+def entropy(rate: float) -> float:
+    r = min(max(rate, EPS), 1 - EPS)
+    return -(r * math.log(r) + (1 - r) * math.log(1 - r))
+
+
+def ne(y: np.ndarray, p: np.ndarray) -> float:
+    y = np.asarray(y, np.float64)
+    if len(y) == 0 or y.min() == y.max():
+        return float("nan")  # no positives (or no negatives): the base-rate entropy is 0
+    return log_loss(y, p) / entropy(float(y.mean()))
+
+
+def ne_from_sums(sum_logloss: float, sum_y: float, count: float) -> float:
+    """NE from sufficient statistics (what ranks all-reduce during validation)."""
+    if count <= 0 or sum_y <= 0 or sum_y >= count:
+        return float("nan")
+    return (sum_logloss / count) / entropy(sum_y / count)
+
+
+def auc(y: np.ndarray, p: np.ndarray) -> float:
+    """Probability a random positive outranks a random negative (ties count half):
+    the Mann-Whitney U statistic from average ranks."""
+    y = np.asarray(y, bool)
+    n_pos, n_neg = int(y.sum()), int((~y).sum())
+    if n_pos == 0 or n_neg == 0:
+        return float("nan")
+    ranks = pd.Series(np.asarray(p, np.float64)).rank(method="average").to_numpy()
+    return float((ranks[y].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
+
+
+def calibration(y: np.ndarray, p: np.ndarray) -> float:
+    s = float(np.sum(y))
+    return float(np.sum(p)) / s if s > 0 else float("nan")
+
+
+def _nanmean(xs: list[float]) -> float:
+    xs = [x for x in xs if x == x]
+    return float(np.mean(xs)) if xs else float("nan")
+
+
+def cell_metrics(config: PlatformConfig, df: pd.DataFrame, prob_prefix: str = "p_") -> dict:
+    """df: example rows with domain, label_<o>, mask_<o>, <prob_prefix><o> and optionally truth_<o>."""
+    cells: dict[str, dict] = {}
+    for d, o in config.cells():
+        sel = (df["domain"] == d) & (df[f"mask_{o}"] > 0)
+        y = df.loc[sel, f"label_{o}"].to_numpy(np.float64)
+        p = df.loc[sel, f"{prob_prefix}{o}"].to_numpy(np.float64)
+        c = {"n": int(len(y)), "positives": int(y.sum()), "ne": ne(y, p), "auc": auc(y, p), "calibration": calibration(y, p),
+             "log_loss": log_loss(y, p) if len(y) else float("nan")}
+        tcol = f"truth_{o}"
+        if tcol in df and df.loc[sel, tcol].notna().all() and len(y):
+            t = df.loc[sel, tcol].to_numpy(np.float64)
+            c["oracle_ne"] = ne(y, t)
+            c["oracle_auc"] = auc(y, t)
+        cells[f"{d}/{o}"] = c
+    macro = {k: _nanmean([c.get(k, float("nan")) for c in cells.values()]) for k in ("ne", "auc", "calibration", "oracle_ne")}
+    by_objective = {
+        o: {k: _nanmean([c.get(k, float("nan")) for key, c in cells.items() if key.endswith(f"/{o}")]) for k in ("ne", "auc", "oracle_ne")}
+        for o in config.objective_names
+    }
+    return {"cells": cells, "macro": macro, "by_objective": by_objective}

@@ -1,0 +1,72 @@
+"""Evaluation report: one JSON with every model's per-cell metrics side by side plus the oracle,
+and two plots (per-cell NE bars, training curves)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # headless: reports are written by CLI runs and Airflow tasks
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from lattice.config import PlatformConfig  # noqa: E402
+
+
+def comparison(config: PlatformConfig, metrics: dict[str, dict]) -> dict:
+    cells = [f"{d}/{o}" for d, o in config.cells()]
+    table = {c: {name: m["cells"].get(c, {}).get("ne") for name, m in metrics.items()} for c in cells}
+    for c in cells:
+        oracle = [m["cells"].get(c, {}).get("oracle_ne") for m in metrics.values()]
+        oracle = [x for x in oracle if x is not None]
+        if oracle:
+            table[c]["oracle"] = oracle[0]
+    macro = {name: m["macro"] for name, m in metrics.items()}
+    by_obj = {name: m.get("by_objective", {}) for name, m in metrics.items()}
+    return {"cells": cells, "ne_by_cell": table, "macro": macro, "by_objective": by_obj,
+            "cost": {name: m.get("cost") for name, m in metrics.items()}}
+
+
+def write_report(config: PlatformConfig, out: Path, metrics: dict[str, dict], histories: dict[str, dict]) -> dict:
+    out.mkdir(parents=True, exist_ok=True)
+    comp = comparison(config, metrics)
+    cells = comp["cells"]
+    series = list(metrics) + (["oracle"] if any("oracle" in comp["ne_by_cell"][c] for c in cells) else [])
+    fig, ax = plt.subplots(figsize=(max(6, 1.4 * len(cells) * max(1, len(series)) / 3), 4))
+    w = 0.8 / max(len(series), 1)
+    shown = [comp["ne_by_cell"][c].get(s) for c in cells for s in series]
+    shown = [v for v in shown if v is not None and v == v]
+    for i, s in enumerate(series):
+        vals = [comp["ne_by_cell"][c].get(s) or np.nan for c in cells]
+        ax.bar(np.arange(len(cells)) + i * w, vals, w, label=s)
+    ax.set_xticks(np.arange(len(cells)) + w * (len(series) - 1) / 2, cells, rotation=30, ha="right")
+    if shown:  # differences between models are a few percent: zoom in on them
+        ax.set_ylim(max(0.0, min(shown) - 0.05), max(shown) + 0.02)
+    ax.set_ylabel("NE (lower is better)")
+    ax.set_title("Test NE per (domain, objective) cell")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "ne_by_cell.png", dpi=110)
+    plt.close(fig)
+
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
+    for name, h in histories.items():
+        if h.get("steps"):
+            s = np.array(h["steps"])
+            a1.plot(s[:, 0], s[:, 1], label=name)
+        if h.get("epochs"):
+            a2.plot([e["epoch"] for e in h["epochs"]], [e["val_macro_ne"] for e in h["epochs"]], marker="o", label=name)
+    a1.set(xlabel="step", ylabel="train loss (10-step mean)", title="Training loss")
+    a2.set(xlabel="epoch", ylabel="validation macro NE", title="Validation")
+    a1.legend(fontsize=8)
+    a2.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "training_curves.png", dpi=110)
+    plt.close(fig)
+
+    report = {"models": list(metrics), **comp, "metrics": metrics,
+              "plots": {"ne_by_cell": str(out / "ne_by_cell.png"), "training_curves": str(out / "training_curves.png")}}
+    (out / "evaluation.json").write_text(json.dumps(report, indent=1, default=lambda x: None))
+    return {"models": list(metrics), "macro": comp["macro"], "report": str(out / "evaluation.json"), "plots": report["plots"]}

@@ -1,0 +1,57 @@
+"""Stage `evaluate`, and `load_model` / `predict` for every consumer of a trained model
+(scoring for distillation, export, serving)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from lattice.config import PlatformConfig
+from lattice.data.batch import Batch
+from lattice.data.transforms import DenseStats
+from lattice.models import build_model
+from lattice.paths import Paths
+
+
+def load_model(config: PlatformConfig, paths: Paths, model_name: str) -> nn.Module:
+    """A single-process model on CPU with the trained weights (eval mode). Attributes:
+    `dense_stats` (to build batches), `kind`, `n_dense`, `meta` (plan, cost, best epoch)."""
+    path = paths.model_dir(model_name) / "model.pt"
+    if not path.exists():
+        raise FileNotFoundError(f"no trained model at {path}; train it with `lattice train CONFIG --model {model_name.split('@')[0]}`")
+    blob = torch.load(path, weights_only=False, map_location="cpu")
+    net = build_model(config, blob["kind"], blob["n_dense"])
+    net.load_state_dict(blob["state_dict"])
+    net.eval()
+    net.dense_stats = DenseStats.from_json(blob["dense_stats"])
+    net.kind, net.n_dense = blob["kind"], blob["n_dense"]
+    net.meta = {k: blob[k] for k in ("name", "plan", "cost", "best_epoch", "world_size") if k in blob}
+    return net
+
+
+@torch.no_grad()
+def predict(model: nn.Module, batch: Batch) -> dict[str, torch.Tensor]:
+    """objective -> (B,) probabilities."""
+    return {o: torch.sigmoid(v) for o, v in model(batch.dense, batch.sparse, batch.domain).items()}
+
+
+def evaluate(config: PlatformConfig, paths: Paths, model: str | list[str]) -> dict:
+    """Collect trained models' test metrics and curves into paths.reports: evaluation.json,
+    ne_by_cell.png (per-cell NE bars incl. the oracle), training_curves.png."""
+    from lattice.evaluation.report import write_report
+
+    names = [model] if isinstance(model, str) else list(model)
+    found: dict[str, dict] = {}
+    histories: dict[str, dict] = {}
+    for name in names:
+        d = paths.model_dir(name)
+        if not (d / "metrics.json").exists():
+            raise FileNotFoundError(f"model {name!r} has no metrics at {d / 'metrics.json'}; train it with "
+                                    f"`lattice train CONFIG --model {name.split('@')[0]}`")
+        found[name] = json.loads((d / "metrics.json").read_text())
+        if (d / "history.json").exists():
+            histories[name] = json.loads((d / "history.json").read_text())
+    return write_report(config, paths.reports, found, histories)

@@ -1,0 +1,1 @@
+"""Export of a trained model to a self-contained TorchScript artifact for serving."""

@@ -1,0 +1,89 @@
+"""The module that gets exported: (dense, KJT, domain) -> {objective: probability}.
+
+Two swaps make the training network traceable by `torchrec.fx` and scriptable, without
+changing its numbers for in-range inputs:
+  - `KJTRemap` splits values by key with a Python zip over a list whose length TorchScript
+    cannot know; `ScriptableRemap` walks the remap ModuleList instead;
+  - `IdentityRemap` checks ids with a data-dependent branch (no graph can hold it); in the
+    artifact it becomes `InRangeRemap` (ids mod rows: identical for every id the check accepts).
+Optionally the embedding tables become INT8 row-wise (torchrec `quantize_embeddings`).
+"""
+
+# no `from __future__ import annotations`: FX codegen and TorchScript need real annotation objects
+
+import copy
+from typing import Dict, List
+
+import torch
+from torch import nn
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from lattice.models.remap import IdentityRemap, KJTRemap
+
+
+class ScriptableRemap(nn.Module):
+    def __init__(self, src: KJTRemap):
+        super().__init__()
+        self.keys: List[str] = list(src.keys)
+        self.remaps = src.remaps
+
+    def forward(self, kjt: KeyedJaggedTensor) -> KeyedJaggedTensor:
+        parts = torch.split(kjt.values(), kjt.length_per_key())  # one (n_k,) id tensor per key
+        outs: List[torch.Tensor] = []
+        i = 0
+        for remap in self.remaps:
+            outs.append(remap(parts[i]))
+            i += 1
+        return KeyedJaggedTensor(keys=self.keys, values=torch.cat(outs), lengths=kjt.lengths(), stride=kjt.stride())
+
+
+class InRangeRemap(nn.Module):
+    def __init__(self, rows: int):
+        super().__init__()
+        self.rows = rows
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:  # (N,) -> (N,)
+        return torch.remainder(ids, self.rows)
+
+
+class Probabilities(nn.Module):
+    """Logits -> probabilities, so the artifact's output is what /predict returns."""
+
+    def __init__(self, net: nn.Module):
+        super().__init__()
+        self.net = net
+
+    def forward(self, dense: torch.Tensor, sparse: KeyedJaggedTensor, domain: torch.Tensor) -> Dict[str, torch.Tensor]:
+        logits = self.net(dense, sparse, domain)
+        return {k: torch.sigmoid(v) for k, v in logits.items()}  # objective -> (B,)
+
+
+def _swap(module: nn.Module) -> None:
+    for name, child in list(module.named_children()):
+        if isinstance(child, KJTRemap):
+            setattr(module, name, ScriptableRemap(child))
+        elif isinstance(child, IdentityRemap):
+            setattr(module, name, InRangeRemap(child.rows))
+        else:
+            _swap(child)
+    if isinstance(module, nn.ModuleList):
+        for i, child in enumerate(module):
+            if isinstance(child, IdentityRemap):
+                module[i] = InRangeRemap(child.rows)
+
+
+def serving_module(model: nn.Module, int8: bool = False) -> nn.Module:
+    """A traceable copy of a trained model (the original is untouched)."""
+    m = copy.deepcopy(model).eval()
+    _swap(m)
+    if int8:
+        from torchrec.inference.modules import quantize_embeddings
+
+        m = quantize_embeddings(m, dtype=torch.qint8, inplace=True)
+    return Probabilities(m).eval()
+
+
+def script(model: nn.Module, int8: bool = False) -> torch.jit.ScriptModule:
+    import torchrec.fx
+
+    return torch.jit.script(torchrec.fx.symbolic_trace(serving_module(model, int8)))

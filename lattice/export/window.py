@@ -1,0 +1,48 @@
+"""The evaluation window: raw example-table rows of the test split (the newest table the
+pipeline wrote), as one pandas frame. The export check, the latency probe and the gate all
+score these rows, and every model encodes them with its own dense stats."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pyarrow.dataset as ds
+
+from lattice.config import PlatformConfig
+from lattice.data.split import Split, split_mask
+from lattice.paths import Paths
+
+
+def load_window(config: PlatformConfig, paths: Paths, split: Split = "test", max_rows: int | None = 200_000, seed: int = 0) -> pd.DataFrame:
+    from lattice.data.loader import find_table
+
+    table = find_table(paths)
+    dataset = ds.dataset(str(table), format="parquet", partitioning="hive")
+    frame = dataset.to_table().to_pandas()
+    if "domain" in frame and isinstance(frame["domain"].dtype, pd.CategoricalDtype):
+        frame["domain"] = frame["domain"].astype(str)
+    frame = frame[split_mask(config, frame["example_id"].astype(str), split)]
+    if max_rows is not None and len(frame) > max_rows:
+        frame = frame.sample(n=max_rows, random_state=seed)
+    if frame.empty:
+        raise ValueError(f"the {split} split of {table} is empty; more data (or a larger training.test_fraction) is needed")
+    return frame.sort_values("example_id", kind="stable").reset_index(drop=True)
+
+
+def latency_ms(predictor, frame: pd.DataFrame, iterations: int = 200) -> dict[str, float]:
+    """Single-row latency of an exported artifact (encoding + forward, as serving runs it: rows
+    arrive as Arrow, see lattice.serving.frame) over `iterations` rows of the window."""
+    import time
+
+    import pyarrow as pa
+
+    table = pa.Table.from_pandas(frame.head(iterations), preserve_index=False)
+    rows = [table.slice(i % table.num_rows, 1) for i in range(iterations)]
+    for r in rows[:10]:
+        predictor.predict_table(r)
+    times = []
+    for r in rows:
+        t = time.perf_counter()
+        predictor.predict_table(r)
+        times.append((time.perf_counter() - t) * 1e3)
+    return {"p50_ms": float(np.percentile(times, 50)), "p99_ms": float(np.percentile(times, 99))}

@@ -1,0 +1,41 @@
+"""`build_model(config, kind, n_dense)`: every model the platform trains, by name."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from lattice.config import PlatformConfig
+from lattice.models.baselines import MultiTaskModel, PooledModels, SeparateModels
+from lattice.models.lattice_net import LatticeNet
+
+MODEL_KINDS = ("teacher", "student", "separate", "pooled", "mmoe", "shared_bottom")
+
+
+def kind_of(name: str) -> str:
+    """A model *name* (its folder under models/) is its kind, optionally with a suffix after
+    ':' or '@' (e.g. 'student@nodistill' trains the student architecture under another name)."""
+    kind = name.split("@")[0].split(":")[0]
+    if kind not in MODEL_KINDS:
+        raise ValueError(f"unknown model {name!r}; use one of {MODEL_KINDS} (optionally 'kind@tag')")
+    return kind
+
+
+def baseline_names(config: PlatformConfig) -> list[str]:
+    b = config.models.baselines
+    return (["separate"] if b.separate else []) + (["pooled"] if b.pooled else []) + ([b.multitask] if b.multitask != "none" else [])
+
+
+def build_model(config: PlatformConfig, kind: str, n_dense: int) -> nn.Module:
+    """Forward: (dense (B, n_dense), sparse KJT, domain (B,)) -> {objective: logits (B,)}.
+    `n_dense` is the width of the dense input (lattice.data.transforms.dense_spec)."""
+    kind = kind_of(kind)
+    m = config.models
+    if kind == "teacher":
+        return LatticeNet(config, m.teacher, n_dense)
+    if kind == "student":
+        return LatticeNet(config, m.student, n_dense)
+    if kind == "separate":
+        return SeparateModels(config, m.baselines.size, n_dense)
+    if kind == "pooled":
+        return PooledModels(config, m.baselines.size, n_dense)
+    return MultiTaskModel(config, m.baselines.size, n_dense, n_experts=4 if kind == "mmoe" else 1)

@@ -1,0 +1,60 @@
+"""Wukong-style interaction layer: factorization-machine block + linear compression block,
+residual and LayerNorm. Tokens in, tokens out, so layers stack."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class WukongLayer(nn.Module):
+    def __init__(self, n_in: int, n_out: int, dim: int, fm_rank: int, dropout: float = 0.0):
+        super().__init__()
+        self.n_fm = max(1, n_out // 2)
+        self.n_lc = n_out - self.n_fm
+        self.dim = dim
+        # FMB: low-rank pairwise interactions X (X^T Y): O(N·k·D) instead of O(N²·D)
+        self.fm_proj = nn.Parameter(torch.randn(n_in, fm_rank) / n_in**0.5)  # (N, k)
+        hidden = max(64, self.n_fm * dim)
+        self.fm_mlp = nn.Sequential(
+            nn.LayerNorm(n_in * fm_rank),
+            nn.Linear(n_in * fm_rank, hidden), nn.ReLU(), nn.Dropout(dropout),
+            nn.Linear(hidden, self.n_fm * dim),
+        )
+        # LCB: linear recombination of tokens, keeps low-order information
+        self.lcb = nn.Parameter(torch.randn(n_in, self.n_lc) / n_in**0.5) if self.n_lc else None  # (N, n_lc)
+        self.skip = None if n_in == n_out else nn.Parameter(torch.randn(n_in, n_out) / n_in**0.5)  # (N, n_out)
+        self.norm = nn.LayerNorm(dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, N, D) -> (B, n_out, D)
+        b = x.shape[0]
+        z = torch.einsum("bnd,nk->bkd", x, self.fm_proj)  # (B, k, D)
+        inter = torch.bmm(x, z.transpose(1, 2))  # (B, N, k)
+        fm = self.fm_mlp(inter.flatten(1)).view(b, self.n_fm, self.dim)  # (B, n_fm, D)
+        parts = [fm]
+        if self.lcb is not None:
+            parts.append(torch.einsum("bnd,nm->bmd", x, self.lcb))  # (B, n_lc, D)
+        out = torch.cat(parts, dim=1)  # (B, n_out, D)
+        res = x if self.skip is None else torch.einsum("bnd,nm->bmd", x, self.skip)
+        return self.norm(out + res)
+
+
+class DomainUntied(nn.Module):
+    """One copy of a layer per domain; each example goes through its own domain's copy."""
+
+    def __init__(self, make: callable, n_domains: int):
+        super().__init__()
+        self.layers = nn.ModuleList([make() for _ in range(n_domains)])
+
+    def forward(self, x: torch.Tensor, domain: torch.Tensor) -> torch.Tensor:  # (B, N, D), (B,)
+        out = torch.stack([layer(x) for layer in self.layers])  # (n_dom, B, n_out, D)
+        return out[domain, torch.arange(x.shape[0])]  # (B, n_out, D)
+
+
+def mlp(n_in: int, dims: list[int], n_out: int, dropout: float = 0.0) -> nn.Sequential:
+    layers: list[nn.Module] = []
+    for d in dims:
+        layers += [nn.Linear(n_in, d), nn.ReLU(), nn.Dropout(dropout)]
+        n_in = d
+    layers.append(nn.Linear(n_in, n_out))
+    return nn.Sequential(*layers)

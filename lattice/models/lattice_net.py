@@ -1,0 +1,84 @@
+"""The Lattice MDMO network: sparse and dense features as tokens, a domain token, a stack of
+Wukong interaction layers (the last one optionally untied per domain) and one head per objective.
+Teacher and student are this class at different `ModelSize`s."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from lattice.config import PlatformConfig
+from lattice.config.schema import ModelSize
+from lattice.models.interaction import DomainUntied, WukongLayer, mlp
+from lattice.models.sparse import SparseArch
+
+DENSE_TOKENS = 2
+
+
+def set_head_bias(heads: nn.ModuleDict, rates: dict[str, float]) -> None:
+    with torch.no_grad():
+        for o, head in heads.items():
+            r = min(max(rates.get(o, 0.5), 1e-4), 1 - 1e-4)
+            head[-1].bias.fill_(float(torch.logit(torch.tensor(r))))
+
+
+class DenseArch(nn.Module):
+    """(B, n_dense) -> (B, T, D) tokens."""
+
+    def __init__(self, n_dense: int, dim: int, tokens: int = DENSE_TOKENS):
+        super().__init__()
+        self.tokens, self.dim = tokens, dim
+        self.net = nn.Sequential(nn.Linear(n_dense, tokens * dim), nn.ReLU(), nn.Linear(tokens * dim, tokens * dim))
+
+    def forward(self, dense: torch.Tensor) -> torch.Tensor:
+        return self.net(dense).view(dense.shape[0], self.tokens, self.dim)  # (B, T, D)
+
+
+class LatticeNet(nn.Module):
+    def __init__(self, config: PlatformConfig, size: ModelSize, n_dense: int, objectives: list[str] | None = None,
+                 domain_token: bool | None = None, domain_untied: bool | None = None):
+        super().__init__()
+        self.objectives = list(objectives or config.objective_names)
+        d = size.embedding_dim
+        n_domains = len(config.domain_names)
+        self.sparse = SparseArch(config, size)
+        self.dense = DenseArch(n_dense, d) if n_dense else None
+        use_domain = size.domain_token if domain_token is None else domain_token
+        self.domain = nn.Embedding(n_domains, d) if use_domain else None
+        n = self.sparse.num_tokens + (DENSE_TOKENS if n_dense else 0) + (1 if use_domain else 0)
+        context = n  # tokens the heads see: the input tokens and every layer's output (below)
+        untied = size.domain_untied if domain_untied is None else domain_untied
+        layers: list[nn.Module] = []
+        for i in range(size.num_layers):
+            make = (lambda n_in=n: WukongLayer(n_in, size.num_tokens, d, size.fm_rank, size.dropout))
+            last = i == size.num_layers - 1
+            layers.append(DomainUntied(make, n_domains) if (untied and last) else make())
+            n = size.num_tokens
+            context += n
+        self.interaction = nn.ModuleList(layers)
+        self.heads = nn.ModuleDict({o: mlp(context * d, size.head_dims, 1, size.dropout) for o in self.objectives})
+
+    def set_output_bias(self, rates: dict[str, float]) -> None:
+        """Start every head at its objective's base rate, so early steps learn structure instead
+        of the (very skewed) label prior."""
+        set_head_bias(self.heads, rates)
+
+    def tokens(self, dense: torch.Tensor, sparse: KeyedJaggedTensor, domain: torch.Tensor) -> torch.Tensor:
+        parts = [self.sparse(sparse)]  # (B, F, D)
+        if self.dense is not None:
+            parts.append(self.dense(dense))  # (B, T, D)
+        if self.domain is not None:
+            parts.append(self.domain(domain).unsqueeze(1))  # (B, 1, D)
+        return torch.cat(parts, dim=1)  # (B, N, D)
+
+    def forward(self, dense: torch.Tensor, sparse: KeyedJaggedTensor, domain: torch.Tensor) -> dict[str, torch.Tensor]:
+        x = self.tokens(dense, sparse, domain)
+        # heads read every layer's tokens (Lattice's extended context: DenseNet-style residuals),
+        # so low-order signals in the inputs reach them without passing every interaction layer
+        context = [x.flatten(1)]
+        for layer in self.interaction:
+            x = layer(x, domain) if isinstance(layer, DomainUntied) else layer(x)
+            context.append(x.flatten(1))
+        flat = torch.cat(context, dim=1)  # (B, sum_l N_l*D)
+        return {o: head(flat).squeeze(-1) for o, head in self.heads.items()}  # objective -> (B,)

@@ -1,0 +1,7 @@
+"""Orchestration helpers that hold no Airflow import: what each DAG of a config runs and which
+parameters it offers (`spec`), how one task runs one stage (`task_runner`), where configs and the
+project live (`locations`), and how `airflow standalone` is started and stopped (`standalone`).
+
+The DAG file `dags/lattice_dags.py` turns the specs into Airflow objects; everything here is plain
+Python, so it is unit-tested without Airflow and keeps `lattice/` free of Airflow imports.
+"""

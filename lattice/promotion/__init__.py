@@ -1,0 +1,1 @@
+"""The promotion gate: a challenger student replaces the champion only if every check passes."""

@@ -1,0 +1,143 @@
+"""The gate's checks over measured numbers; no I/O here, so every rule is unit-testable.
+
+Rules (thresholds from `config.promotion`):
+  - per (domain, objective) cell: challenger NE <= champion NE * (1 + δ), both measured on the
+    same fresh evaluation window;
+  - per cell: calibration (sum of predictions / sum of labels) within [low, high];
+  - the student's macro NE <= its teacher's * (1 + ε);
+  - the exported artifact predicts like the training model (max |Δp| within tolerance),
+    its single-request p99 latency and its size are within budget;
+  - with no champion yet (the first model): every cell's NE <= floors.max_ne and AUC >= floors.min_auc.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from lattice.config.schema import Promotion
+
+
+@dataclass(frozen=True)
+class CellMetrics:
+    ne: float
+    auc: float
+    calibration: float
+    count: int = 0
+    positives: int = 0
+
+
+Cell = tuple[str, str]
+
+
+@dataclass
+class GateInputs:
+    challenger: dict[Cell, CellMetrics]
+    champion: dict[Cell, CellMetrics] | None
+    """None when there is no champion yet (the floors apply instead)."""
+    student_macro_ne: float
+    teacher_macro_ne: float | None
+    export_max_abs_diff: float
+    export_tolerance: float
+    latency_p99_ms: float
+    artifact_mb: float
+
+
+@dataclass(frozen=True)
+class Reason:
+    check: str
+    passed: bool
+    message: str
+    cell: str | None = None
+    value: float | None = None
+    bound: float | None = None
+
+
+@dataclass
+class Decision:
+    passed: bool
+    reasons: list[Reason] = field(default_factory=list)
+
+    @property
+    def failed(self) -> list[Reason]:
+        return [r for r in self.reasons if not r.passed]
+
+    @property
+    def failed_cells(self) -> list[str]:
+        return sorted({r.cell for r in self.failed if r.cell})
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "decision": "promote" if self.passed else "reject",
+            "passed": self.passed,
+            "failed_cells": self.failed_cells,
+            "reasons": [asdict(r) for r in self.reasons],
+        }
+
+
+def _name(cell: Cell) -> str:
+    return f"{cell[0]}/{cell[1]}"
+
+
+def _cell_checks(p: Promotion, inputs: GateInputs) -> list[Reason]:
+    out: list[Reason] = []
+    lo, hi = p.calibration
+    for cell, m in sorted(inputs.challenger.items()):
+        name = _name(cell)
+        champ = inputs.champion.get(cell) if inputs.champion is not None else None
+        if inputs.champion is not None:
+            if champ is None:
+                out.append(Reason("ne_vs_champion", True, f"{name}: new cell (champion has none); NE {m.ne:.4f}", name, m.ne))
+            else:
+                bound = champ.ne * (1 + p.max_ne_regression)
+                ok = m.ne <= bound
+                out.append(Reason(
+                    "ne_vs_champion", ok,
+                    f"{name}: NE {m.ne:.4f} vs champion {champ.ne:.4f} (limit {bound:.4f}, δ={p.max_ne_regression:g})"
+                    + ("" if ok else f": worse by {100 * (m.ne / champ.ne - 1):.2f}%"),
+                    name, m.ne, bound,
+                ))
+        else:
+            ok = m.ne <= p.floors.max_ne
+            out.append(Reason("ne_floor", ok, f"{name}: NE {m.ne:.4f} (floor: at most {p.floors.max_ne:g})", name, m.ne, p.floors.max_ne))
+            ok = m.auc >= p.floors.min_auc
+            out.append(Reason("auc_floor", ok, f"{name}: AUC {m.auc:.4f} (floor: at least {p.floors.min_auc:g})", name, m.auc, p.floors.min_auc))
+        ok = lo <= m.calibration <= hi
+        out.append(Reason(
+            "calibration", ok, f"{name}: calibration {m.calibration:.3f} (bounds [{lo:g}, {hi:g}])",
+            name, m.calibration, lo if m.calibration < lo else hi,
+        ))
+    return out
+
+
+def decide(p: Promotion, inputs: GateInputs) -> Decision:
+    if not inputs.challenger:
+        return Decision(False, [Reason("cells", False, "the challenger has no evaluated cell; is the evaluation window empty?")])
+    reasons = _cell_checks(p, inputs)
+    if inputs.teacher_macro_ne is None:
+        reasons.append(Reason("teacher_epsilon", False, "no teacher metrics found; train and register the teacher first"))
+    else:
+        bound = inputs.teacher_macro_ne * (1 + p.teacher_epsilon)
+        ok = inputs.student_macro_ne <= bound
+        reasons.append(Reason(
+            "teacher_epsilon", ok,
+            f"student macro NE {inputs.student_macro_ne:.4f} vs teacher {inputs.teacher_macro_ne:.4f} "
+            f"(limit {bound:.4f}, ε={p.teacher_epsilon:g})", None, inputs.student_macro_ne, bound,
+        ))
+    ok = inputs.export_max_abs_diff <= inputs.export_tolerance
+    reasons.append(Reason(
+        "export_parity", ok,
+        f"exported artifact vs training model: max |Δp| {inputs.export_max_abs_diff:.2e} (tolerance {inputs.export_tolerance:g})",
+        None, inputs.export_max_abs_diff, inputs.export_tolerance,
+    ))
+    ok = inputs.latency_p99_ms <= p.max_latency_ms
+    reasons.append(Reason(
+        "latency", ok, f"single-request p99 latency {inputs.latency_p99_ms:.2f} ms (budget {p.max_latency_ms:g} ms)",
+        None, inputs.latency_p99_ms, p.max_latency_ms,
+    ))
+    ok = inputs.artifact_mb <= p.max_artifact_mb
+    reasons.append(Reason(
+        "artifact_size", ok, f"artifact {inputs.artifact_mb:.2f} MB (budget {p.max_artifact_mb:g} MB)",
+        None, inputs.artifact_mb, p.max_artifact_mb,
+    ))
+    return Decision(all(r.passed for r in reasons), reasons)

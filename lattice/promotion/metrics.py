@@ -1,0 +1,38 @@
+"""Gate cells from one model's probabilities on the evaluation window, computed with the same
+metric code as training-time evaluation (lattice.evaluation.metrics), so champion, challenger
+and the offline reports never disagree on what NE means."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from lattice.config import PlatformConfig
+from lattice.evaluation.metrics import cell_metrics
+from lattice.promotion.gate import Cell, CellMetrics
+
+
+def gate_cells(config: PlatformConfig, frame: pd.DataFrame, probs: dict[str, np.ndarray]) -> dict[Cell, CellMetrics]:
+    """`frame` holds domain, label_<o>, mask_<o>; `probs[o]` is aligned with its rows. Cells
+    without a positive (NE undefined) are left out; the gate then reports them as missing."""
+    df = frame[["domain"] + [c for o in config.objective_names for c in (f"label_{o}", f"mask_{o}")]].copy()
+    for o in config.objective_names:
+        df[f"p_{o}"] = np.asarray(probs[o], dtype=np.float64)
+    return from_report(cell_metrics(config, df)["cells"])
+
+
+def from_report(cells: dict[str, dict]) -> dict[Cell, CellMetrics]:
+    """{"domain/objective": {ne, auc, calibration, n, positives}} -> gate cells (NaN NE dropped)."""
+    out: dict[Cell, CellMetrics] = {}
+    for key, c in cells.items():
+        if c.get("ne") is None or c["ne"] != c["ne"]:
+            continue
+        d, o = key.split("/", 1)
+        out[(d, o)] = CellMetrics(ne=float(c["ne"]), auc=float(c.get("auc", float("nan"))),
+                                  calibration=float(c.get("calibration", float("nan"))),
+                                  count=int(c.get("n", 0)), positives=int(c.get("positives", 0)))
+    return out
+
+
+def macro_ne(cells: dict[Cell, CellMetrics]) -> float:
+    return float(np.mean([m.ne for m in cells.values()])) if cells else float("nan")

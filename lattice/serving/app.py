@@ -1,0 +1,172 @@
+"""The FastAPI app: POST /predict, GET /healthz, GET /metadata.
+
+    request(s) --validate--> entity keys --Feast online store--> aggregate features
+               --frame in the training-set layout--> champion artifact --> p(objective)
+
+The champion is whatever version the registry alias `champion` names; a watcher thread swaps in
+a new one when the alias moves (see slot.py).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse
+from pydantic import ValidationError
+
+from lattice.config import PlatformConfig
+from lattice.paths import Paths
+from lattice.serving.frame import request_table
+from lattice.serving.online import OnlineFeatures
+from lattice.serving.requests import BatchRequest, Prediction, PredictRequest, PredictResponse, RequestError, RequestSchema
+from lattice.serving.slot import ModelSlot
+
+log = logging.getLogger(__name__)
+
+
+def _validation_message(exc: ValidationError, prefix: str = "") -> list[str]:
+    out = []
+    for e in exc.errors():
+        loc = prefix + ".".join(str(p) for p in e["loc"] if not str(p).startswith(("function-", "union[")))
+        kind = e["type"]
+        if kind == "extra_forbidden":
+            msg = "unknown field; allowed fields are domain, entities, features, request_id (or 'requests': [...] for a batch)"
+        elif kind == "missing":
+            msg = "required field is missing"
+        else:
+            msg = e["msg"]
+        out.append(f"{loc or '<body>'}: {msg} (got {e.get('input')!r})" if kind != "missing" else f"{loc}: {msg}")
+    return list(dict.fromkeys(out))
+
+
+def parse_body(raw: bytes, schema: RequestSchema) -> tuple[list[PredictRequest], bool]:
+    """Body -> (requests, is_batch); raises RequestError with a readable message."""
+    try:
+        body = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise RequestError(None, f"body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise RequestError(None, "body must be a JSON object: {domain, entities, features} or {requests: [...]}")
+    try:
+        if "requests" in body:
+            reqs, batch = BatchRequest.model_validate(body).requests, True
+        else:
+            reqs, batch = [PredictRequest.model_validate(body)], False
+    except ValidationError as exc:
+        raise RequestError(None, "; ".join(_validation_message(exc))) from None
+    for i, r in enumerate(reqs):
+        schema.check(r, i if batch else None)
+    return reqs, batch
+
+
+class Server:
+    """Everything one app instance holds: config, registry, the model slot and the online store."""
+
+    def __init__(self, config: PlatformConfig, paths: Paths, poll_seconds: float = 2.0):
+        from lattice.registry import CHAMPION, ModelRegistry
+        from lattice.export.predictor import Predictor
+
+        self.config = config
+        self.paths = paths
+        self.schema = RequestSchema(config)
+        self.registry = ModelRegistry(config, paths)
+
+        def current() -> int | None:
+            v = self.registry.by_alias(CHAMPION)
+            return v.version if v else None
+
+        def load(version: int) -> Predictor:
+            info = self.registry.version(version)
+            return Predictor.load(self.registry.download(info), version=info)
+
+        self.slot: ModelSlot[Predictor] = ModelSlot(current, load, poll_seconds=poll_seconds)
+        self.online = OnlineFeatures(config, paths)
+
+    def score(self, reqs: list[PredictRequest]) -> PredictResponse:
+        served = self.slot.current  # read once: this request sees one whole model
+        if served is None:
+            raise LookupError("no champion model is loaded yet")
+        aggregates, unknown = self.online.lookup([r.entities for r in reqs])
+        probs = served.model.predict_table(request_table(served.model.config, reqs, aggregates))
+        objectives = list(probs)
+        preds = [
+            Prediction(
+                request_id=r.request_id, domain=r.domain,
+                probabilities={o: float(probs[o][i]) for o in objectives},
+                unknown_entities=unknown[i],
+            )
+            for i, r in enumerate(reqs)
+        ]
+        return PredictResponse(model_version=served.version, predictions=preds)
+
+
+def create_app(config: PlatformConfig, paths: Paths, poll_seconds: float = 2.0) -> FastAPI:
+    server_box: dict[str, Server] = {}
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        server = await run_in_threadpool(Server, config, paths, poll_seconds)
+        await run_in_threadpool(server.slot.refresh)
+        server.slot.start()
+        server_box["s"] = server
+        app.state.server = server
+        try:
+            yield
+        finally:
+            server.slot.stop()
+
+    app = FastAPI(title=f"Lattice {config.name} ranking", lifespan=lifespan)
+
+    @app.post("/predict", response_model=PredictResponse)
+    async def predict(request: Request) -> Any:
+        server = server_box["s"]
+        raw = await request.body()
+        try:
+            reqs, _ = parse_body(raw, server.schema)
+        except RequestError as exc:
+            return JSONResponse(status_code=422, content={"detail": str(exc)})
+        try:
+            return await run_in_threadpool(server.score, reqs)
+        except LookupError as exc:
+            return JSONResponse(status_code=503, content={"detail": str(exc)})
+
+    @app.get("/healthz")
+    async def healthz() -> Any:
+        server = server_box["s"]
+        served = server.slot.current
+        body = {
+            "status": "ok" if served else "no_model",
+            "model_version": served.version if served else None,
+            "swaps": server.slot.swaps,
+            "last_error": server.slot.last_error,
+        }
+        return JSONResponse(status_code=200 if served else 503, content=body)
+
+    @app.get("/metadata")
+    async def metadata() -> Any:
+        server = server_box["s"]
+        served = server.slot.current
+        if served is None:
+            return JSONResponse(status_code=503, content={"detail": "no champion model is loaded yet"})
+        info = served.model.info
+        return {
+            "config": config.name,
+            "registered_model": info.name,
+            "model_version": served.version,
+            "alias": "champion",
+            "model": info.model,
+            "feature_service": info.tags.get("lattice.feature_service"),
+            "training_date": info.tags.get("lattice.trained_at") or served.model.metadata.get("trained_at"),
+            "checksum": info.tags.get("lattice.checksum"),
+            "objectives": config.objective_names,
+            "domains": config.domain_names,
+            "loaded_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(served.loaded_at)),
+        }
+
+    return app

@@ -1,0 +1,83 @@
+"""Hot swap: the served model lives in one slot; a watcher loads a new champion beside it and
+then replaces the slot's reference in one assignment.
+
+A request reads `slot.current` once and uses that object to the end, so it always sees one
+complete model: the old one if it started before the swap, the new one after. Loading,
+warm-up and any load failure happen off the request path; a failed load leaves the old
+model serving and is reported by /healthz.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, Generic, TypeVar
+
+log = logging.getLogger(__name__)
+
+M = TypeVar("M")
+
+
+@dataclass(frozen=True)
+class Served(Generic[M]):
+    version: int
+    model: M
+    loaded_at: float
+
+
+class ModelSlot(Generic[M]):
+    def __init__(self, current_version: Callable[[], int | None], load: Callable[[int], M], poll_seconds: float = 2.0):
+        self._current_version = current_version
+        self._load = load
+        self.poll_seconds = poll_seconds
+        self.current: Served[M] | None = None
+        self.last_error: str | None = None
+        self.swaps = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()  # one load at a time (poller vs an explicit refresh)
+
+    def refresh(self) -> bool:
+        """Load the alias target if it differs from the served version. True if swapped."""
+        with self._lock:
+            try:
+                version = self._current_version()
+            except Exception as exc:  # registry briefly unreachable: keep serving
+                self.last_error = f"registry lookup failed: {exc}"
+                log.warning(self.last_error)
+                return False
+            if version is None or (self.current is not None and self.current.version == version):
+                return False
+            try:
+                started = time.perf_counter()
+                model = self._load(version)
+            except Exception as exc:
+                self.last_error = f"loading version {version} failed: {type(exc).__name__}: {exc}"
+                log.exception("loading version %s failed; still serving %s", version,
+                              self.current.version if self.current else None)
+                return False
+            old = self.current.version if self.current else None
+            self.current = Served(version, model, time.time())  # the swap: one reference assignment
+            self.swaps += 1
+            self.last_error = None
+            log.info("serving version %s (was %s; loaded in %.2fs)", version, old, time.perf_counter() - started)
+            return True
+
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+
+        def loop() -> None:
+            while not self._stop.wait(self.poll_seconds):
+                self.refresh()
+
+        self._thread = threading.Thread(target=loop, name="lattice-model-watcher", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+            self._thread = None

@@ -1,0 +1,338 @@
+"""The per-rank training loop (the same code for 1 rank in-process and N ranks under torchrun).
+
+Order of work: plan + shard the model, train epochs with a fused in-backward optimizer for the
+tables and Adam for the dense part, validate (all-reduced per-cell NE), early-stop, restore the
+best epoch, predict the test split, gather the full weights, write metrics."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+import torch.distributed as dist
+from torchrec import EmbeddingBagCollection
+from torchrec.optim import RowWiseAdagrad
+from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
+from torchrec.optim.optimizers import in_backward_optimizer_filter
+from tqdm import tqdm
+
+from lattice.config import PlatformConfig
+from lattice.data.batch import Batch, kjt_from_ids
+from lattice.data.loader import BatchLoader
+from lattice.data.transforms import DenseStats
+from lattice.evaluation.metrics import cell_metrics, ne_from_sums
+from lattice.models import build_model, kind_of
+from lattice.models.cost import model_cost
+from lattice.training import distributed as D
+from lattice.training.loss import mdmo_loss
+from lattice.training.spec import RunSpec
+
+SPARSE_OPTIMIZERS = {"adagrad": torch.optim.Adagrad, "sgd": torch.optim.SGD, "rowwise_adagrad": RowWiseAdagrad}
+
+
+@dataclass
+class TrainState:
+    epoch: int = 0  # epochs finished
+    step_in_epoch: int = 0  # batches of the current epoch already consumed (the data position)
+    global_step: int = 0
+    best_ne: float = math.inf
+    best_epoch: int = -1
+    bad_epochs: int = 0
+    epoch_loss: float = 0.0
+    epoch_examples: int = 0
+    epoch_seconds: float = 0.0
+    history: list = field(default_factory=list)
+    steps: list = field(default_factory=list)  # [global_step, mean loss] every few steps, for curves
+
+
+def _all_have(batch, world: int) -> bool:
+    """Ranks may hold a different number of batches; all stop when the first runs dry."""
+    if world == 1:
+        return batch is not None
+    flag = torch.tensor([1 if batch is not None else 0])
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    return bool(flag.item())
+
+
+def _any_have(batch, world: int) -> bool:
+    if world == 1:
+        return batch is not None
+    flag = torch.tensor([1 if batch is not None else 0])
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item())
+
+
+def _stand_in(config: PlatformConfig, n_dense: int) -> Batch:
+    """A one-row batch with every feature absent: a rank that has run out of evaluation rows still
+    has to join the sharded forward's collectives while the others finish."""
+    names = [f.name for f in config.features.sparse]
+    z = torch.zeros(1)
+    return Batch(dense=torch.zeros(1, n_dense), sparse=kjt_from_ids(names, [np.zeros(1, np.int64)] * len(names), [np.zeros(1, bool)] * len(names)),
+                 domain=torch.zeros(1, dtype=torch.int64), labels={o: z for o in config.objective_names},
+                 masks={o: z for o in config.objective_names}, example_ids=np.array(["-"]))
+
+
+def _sum(values: list[float]) -> list[float]:
+    t = torch.tensor(values, dtype=torch.float64)
+    if dist.get_world_size() > 1:
+        dist.all_reduce(t)
+    return t.tolist()
+
+
+class Trainer:
+    def __init__(self, spec: RunSpec):
+        self.spec = spec
+        self.config: PlatformConfig = spec.platform()
+        self.paths = spec.paths()
+        self.dir = self.paths.model_dir(spec.model)
+        self.rank, self.world, self.own_group = D.init_process_group()
+        self.stats = DenseStats.load(self.dir / "dense_stats.json")
+        self.n_dense = len(self.stats.columns)
+        self.kind = kind_of(spec.model)
+        torch.manual_seed(spec.seed)
+        model = build_model(self.config, self.kind, self.n_dense)
+        if self.stats.label_rates:
+            model.set_output_bias(self.stats.label_rates)
+        tr = self.config.training
+        tables = [p for m in model.modules() if isinstance(m, EmbeddingBagCollection) for p in m.parameters()]
+        # the table update runs inside backward (fused with the gradient in the sharded kernel)
+        apply_optimizer_in_backward(SPARSE_OPTIMIZERS[tr.sparse_optimizer], tables, {"lr": tr.lr_sparse})
+        self.plan = D.make_plan(model, self.world, D.sharding_types(tr.sharding_types))
+        self.plan_json = D.plan_to_json(self.plan)
+        if self.rank == 0:
+            print(f"[lattice] sharding plan ({self.world} rank(s)):\n{self.plan}", flush=True)
+            (self.dir / "plan.json").write_text(json.dumps(self.plan_json, indent=1))
+        self.model = D.wrap(model, self.plan)
+        dense = [p for _, p in in_backward_optimizer_filter(self.model.named_parameters())]
+        self.dense_opt = torch.optim.Adam(dense, lr=tr.lr_dense)
+        self.state = TrainState()
+        self.best: dict | None = None
+
+    # ------------------------------------------------------------ data
+    def loader(self, split: str, with_truth: bool = False) -> BatchLoader:
+        return BatchLoader(self.config, Path(self.spec.table), self.stats, split, rank=self.rank, world_size=self.world,
+                           seed=self.spec.seed, teacher_scores=self.spec.teacher_scores if split == "train" else None,
+                           with_truth=with_truth)
+
+    # ------------------------------------------------------------ checkpoints
+    def _ckpt(self) -> Path:
+        return self.dir / "checkpoint" / f"rank{self.rank}.pt"
+
+    def save_checkpoint(self) -> None:
+        blob = {
+            "world_size": self.world, "model": D.local_state(self.model.state_dict()),
+            "fused_opt": D.local_state(self.model.fused_optimizer.state_dict()),
+            "dense_opt": self.dense_opt.state_dict(), "state": asdict(self.state), "best": self.best,
+            "rng": torch.get_rng_state(),
+        }
+        path = self._ckpt()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        torch.save(blob, tmp)
+        tmp.replace(path)  # a crash mid-write never leaves a half checkpoint
+        if self.world > 1:
+            dist.barrier()
+
+    def load_checkpoint(self) -> bool:
+        path = self._ckpt()
+        if not path.exists():
+            return False
+        blob = torch.load(path, weights_only=False)
+        if blob["world_size"] != self.world:
+            raise ValueError(f"checkpoint {path.parent} was written by {blob['world_size']} rank(s); resume with "
+                             f"--nproc {blob['world_size']} or train from scratch without --resume")
+        D.copy_local_state(self.model.state_dict(), blob["model"])
+        D.copy_local_state(self.model.fused_optimizer.state_dict(), blob["fused_opt"])
+        self.dense_opt.load_state_dict(blob["dense_opt"])
+        self.state = TrainState(**blob["state"])
+        self.best = blob["best"]
+        torch.set_rng_state(blob["rng"])
+        return True
+
+    # ------------------------------------------------------------ epochs
+    def train_epoch(self, epoch: int) -> bool:
+        """Returns False if training stopped early on `stop_after`."""
+        st, spec = self.state, self.spec
+        loader = self.loader("train")
+        loader.set_epoch(epoch)
+        it = iter(loader)
+        for _ in range(st.step_in_epoch):  # resume: replay the data position
+            next(it, None)
+        self.model.train()
+        bar = tqdm(desc=f"{spec.model} epoch {epoch + 1}/{spec.epochs}", unit="batch", initial=st.step_in_epoch,
+                   disable=not (spec.progress and self.rank == 0), leave=False)
+        started = time.perf_counter()
+        window: list[float] = []
+        while True:
+            batch = next(it, None)
+            if not _all_have(batch, self.world):
+                break
+            logits = self.model(batch.dense, batch.sparse, batch.domain)
+            loss = mdmo_loss(self.config, logits, batch).total
+            self.dense_opt.zero_grad()
+            loss.backward()
+            self.dense_opt.step()
+            st.step_in_epoch += 1
+            st.global_step += 1
+            value = loss.item()
+            st.epoch_loss += value * len(batch)
+            st.epoch_examples += len(batch)
+            window.append(value)
+            if len(window) == 10:
+                st.steps.append([st.global_step, float(np.mean(window))])
+                window = []
+            bar.update(1)
+            bar.set_postfix(loss=f"{value:.4f}")
+            if spec.checkpoint_every and st.global_step % spec.checkpoint_every == 0:
+                st.epoch_seconds += time.perf_counter() - started
+                started = time.perf_counter()
+                self.save_checkpoint()
+            if spec.stop_after is not None and st.global_step >= spec.stop_after:
+                st.epoch_seconds += time.perf_counter() - started
+                self.save_checkpoint()
+                bar.close()
+                return False
+        bar.close()
+        st.epoch_seconds += time.perf_counter() - started
+        return True
+
+    @torch.no_grad()
+    def validate(self) -> dict[str, float]:
+        self.model.eval()
+        cells = self.config.cells()
+        dom = {d: i for i, d in enumerate(self.config.domain_names)}
+        sums = np.zeros((len(cells), 3))
+        it = iter(self.loader("validation"))
+        while True:
+            batch = next(it, None)
+            if not _any_have(batch, self.world):
+                break
+            if batch is None:
+                self.model(*_stand_in(self.config, self.n_dense).inputs())
+                continue
+            logits = self.model(batch.dense, batch.sparse, batch.domain)
+            for i, (d, o) in enumerate(cells):
+                sel = (batch.domain == dom[d]) & (batch.masks[o] > 0)
+                y = batch.labels[o][sel].double()
+                ll = torch.nn.functional.binary_cross_entropy_with_logits(logits[o][sel].double(), y, reduction="sum")
+                sums[i] += [float(ll), float(y.sum()), float(sel.sum())]
+        total = np.array(_sum(sums.ravel().tolist())).reshape(sums.shape)
+        return {f"{d}/{o}": ne_from_sums(*total[i]) for i, (d, o) in enumerate(cells)}
+
+    def fit(self) -> bool:
+        st, spec = self.state, self.spec
+        patience = self.config.training.early_stopping_patience
+        while st.epoch < spec.epochs:
+            if not self.train_epoch(st.epoch):
+                return False
+            val = self.validate()
+            finite = [v for v in val.values() if v == v]
+            macro = float(np.mean(finite)) if finite else math.inf
+            loss_sum, n, secs = _sum([st.epoch_loss, st.epoch_examples, st.epoch_seconds])
+            st.history.append({
+                "epoch": st.epoch + 1, "train_loss": loss_sum / max(n, 1), "examples": int(n),
+                "examples_per_s": n / max(secs / self.world, 1e-9), "val_ne": val, "val_macro_ne": macro,
+            })
+            if self.rank == 0 and spec.progress:
+                print(f"[lattice] {spec.model} epoch {st.epoch + 1}: train loss {loss_sum / max(n, 1):.4f}, "
+                      f"val macro NE {macro:.4f}, {n / max(secs / self.world, 1e-9):,.0f} ex/s", flush=True)
+            if macro < st.best_ne:
+                st.best_ne, st.best_epoch, st.bad_epochs = macro, st.epoch + 1, 0
+                self.best = D.local_state(self.model.state_dict())
+            else:
+                st.bad_epochs += 1
+            st.epoch += 1
+            st.step_in_epoch, st.epoch_loss, st.epoch_examples, st.epoch_seconds = 0, 0.0, 0, 0.0
+            self.save_checkpoint()
+            if st.bad_epochs > patience:
+                if self.rank == 0:
+                    print(f"[lattice] early stop: no validation gain for {st.bad_epochs} epoch(s)", flush=True)
+                break
+        return True
+
+    # ------------------------------------------------------------ outputs
+    @torch.no_grad()
+    def predict_test(self) -> pd.DataFrame | None:
+        self.model.eval()
+        objs = self.config.objective_names
+        rows: list[pd.DataFrame] = []
+        it = iter(self.loader("test", with_truth=True))
+        while True:
+            batch = next(it, None)
+            if not _any_have(batch, self.world):
+                break
+            if batch is None:  # keep joining the collectives until every rank has scored all its rows
+                self.model(*_stand_in(self.config, self.n_dense).inputs())
+                continue
+            logits = self.model(batch.dense, batch.sparse, batch.domain)
+            f = {"example_id": batch.example_ids, "domain": np.array(self.config.domain_names)[batch.domain.numpy()]}
+            for o in objs:
+                f[f"p_{o}"] = torch.sigmoid(logits[o]).numpy()
+                f[f"label_{o}"] = batch.labels[o].numpy()
+                f[f"mask_{o}"] = batch.masks[o].numpy()
+                f[f"truth_{o}"] = batch.truth[o].numpy()
+            rows.append(pd.DataFrame(f))
+        part = self.dir / f"_predictions_rank{self.rank}.parquet"
+        (pd.concat(rows, ignore_index=True) if rows else pd.DataFrame()).to_parquet(part, index=False)
+        if self.world > 1:
+            dist.barrier()
+        if self.rank != 0:
+            return None
+        parts = [self.dir / f"_predictions_rank{r}.parquet" for r in range(self.world)]
+        df = pd.concat([pd.read_parquet(p) for p in parts], ignore_index=True)
+        for p in parts:
+            p.unlink()
+        return df.sort_values("example_id", kind="stable").reset_index(drop=True)
+
+    def finish(self) -> dict | None:
+        if self.best is not None:
+            D.copy_local_state(self.model.state_dict(), self.best)
+        preds = self.predict_test()
+        full = D.full_state_dict(self.model)
+        if self.rank != 0:
+            return None
+        plain = build_model(self.config, self.kind, self.n_dense)
+        plain.load_state_dict(full)
+        cost = model_cost(plain, self.config, self.n_dense)
+        torch.save({
+            "name": self.spec.model, "kind": self.kind, "n_dense": self.n_dense, "dense_stats": self.stats.to_json(),
+            "config": self.spec.config, "plan": self.plan_json, "world_size": self.world, "cost": cost,
+            "best_epoch": self.state.best_epoch, "state_dict": full,
+        }, self.dir / "model.pt")
+        preds.to_parquet(self.dir / "predictions.parquet", index=False)
+        metrics = cell_metrics(self.config, preds)
+        metrics.update({"model": self.spec.model, "kind": self.kind, "cost": cost, "best_epoch": self.state.best_epoch,
+                        "world_size": self.world, "test_examples": int(len(preds))})
+        (self.dir / "metrics.json").write_text(json.dumps(metrics, indent=1))
+        (self.dir / "history.json").write_text(json.dumps({"epochs": self.state.history, "steps": self.state.steps}, indent=1))
+        return metrics
+
+    def close(self) -> None:
+        if self.own_group and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def run(spec: RunSpec) -> dict:
+    """Train one model on this rank; rank 0 returns the summary (others an empty dict)."""
+    trainer = Trainer(spec)
+    try:
+        if spec.resume:
+            trainer.load_checkpoint()
+        if not trainer.fit():
+            return {"interrupted": True, "global_step": trainer.state.global_step}
+        out = trainer.finish()
+        if trainer.rank == 0:
+            summary = {"model": spec.model, "world_size": trainer.world, "epochs_run": trainer.state.epoch,
+                       "best_epoch": trainer.state.best_epoch, "macro": out["macro"], "cost": out["cost"],
+                       "history": trainer.state.history}
+            (trainer.dir / "summary.json").write_text(json.dumps(summary, indent=1))
+            return summary
+        return {}
+    finally:
+        trainer.close()

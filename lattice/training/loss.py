@@ -1,0 +1,54 @@
+"""The MDMO loss: masked, weighted BCE per objective, plus teacher soft labels for distillation.
+
+Every term is summed over examples and divided by the batch size (not by the number of labelled
+examples), so an example with mask 0 contributes exactly zero to its objective's label loss and
+gradient, and objectives stay comparable across batches with different domain mixes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from lattice.config import PlatformConfig
+from lattice.data.batch import Batch
+
+
+@dataclass
+class LossParts:
+    total: torch.Tensor
+    label: dict[str, torch.Tensor]  # objective -> scalar
+    distill: dict[str, torch.Tensor]  # objective -> scalar (empty without a teacher)
+
+
+def _soft_target(p: torch.Tensor, temperature: float) -> torch.Tensor:
+    if temperature == 1.0:
+        return p
+    p = p.clamp(1e-6, 1 - 1e-6)
+    return torch.sigmoid(torch.logit(p) / temperature)
+
+
+def mdmo_loss(config: PlatformConfig, logits: dict[str, torch.Tensor], batch: Batch) -> LossParts:
+    n = max(len(batch), 1)
+    weights = {o.name: o.loss_weight for o in config.objectives}
+    dist = config.distillation
+    has_teacher = batch.teacher is not None and batch.teacher_mask is not None
+    label_scale = dist.label_weight if has_teacher else 1.0
+    total = torch.zeros(())
+    label_terms, distill_terms = {}, {}
+    for o, logit in logits.items():
+        y, m = batch.labels[o], batch.masks[o]  # (B,), (B,)
+        ll = F.binary_cross_entropy_with_logits(logit, y, reduction="none")  # (B,)
+        label_terms[o] = (ll * m).sum() / n
+        total = total + weights[o] * label_scale * label_terms[o]
+        if has_teacher:
+            t = dist.temperature
+            target = _soft_target(batch.teacher[o], t)  # (B,)
+            soft = F.binary_cross_entropy_with_logits(logit / t, target, reduction="none")  # (B,)
+            # the teacher also teaches where the label is absent; examples it never scored fall back to labels
+            w = batch.teacher_mask * (m * dist.soft_weight + (1 - m) * dist.unlabeled_weight)  # (B,)
+            distill_terms[o] = (soft * w).sum() / n
+            total = total + weights[o] * distill_terms[o]
+    return LossParts(total, label_terms, distill_terms)

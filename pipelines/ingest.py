@@ -1,0 +1,220 @@
+"""Read one raw source with Spark and turn every raw row into a row of the consolidated schema
+plus a `_reason` (null for a good row). Nothing is dropped here: malformed lines, unparseable or
+out-of-range times, unknown domains, null keys and bad labels all keep their raw text and get a
+reason, so that rows in = rows out + rows quarantined.
+
+All parsing is Spark SQL (no Python UDFs), so a job runs the same on any master."""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+
+from lattice.config import PlatformConfig
+from lattice.config.schema import Source
+from lattice.data import schema as S
+
+CORRUPT = "_corrupt_record"
+SEP = {"csv": ",", "tsv": "\t"}
+
+# reason codes (the quarantine's `reason` column); the first failing check wins
+MALFORMED = "malformed_line"
+BAD_TIMESTAMP = "bad_timestamp"
+OUT_OF_RANGE = "timestamp_out_of_range"
+UNKNOWN_DOMAIN = "unknown_domain"
+NULL_KEY = "null_key"
+NULL_LABEL = "null_label"
+BAD_LABEL = "bad_label"
+BAD_VALUE = "bad_value"
+DUPLICATE = "duplicate_row"
+REASONS = [MALFORMED, BAD_TIMESTAMP, OUT_OF_RANGE, UNKNOWN_DOMAIN, NULL_KEY, NULL_LABEL, BAD_LABEL, BAD_VALUE, DUPLICATE]
+
+
+def q(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
+
+
+def stable_id_sql(v: str) -> str:
+    """Spark twin of `lattice.data.schema.stable_id` (empty -> null: a missing value, not an id)."""
+    return (
+        f"CASE WHEN {v} IS NULL OR {v} = '' THEN NULL "
+        f"WHEN {v} RLIKE '^[+-]?[0-9]+$' AND try_cast({v} AS BIGINT) IS NOT NULL THEN try_cast({v} AS BIGINT) "
+        f"ELSE CAST(conv(substr(md5({v}), 1, 15), 16, 10) AS BIGINT) END"
+    )
+
+
+def event_time_sql(source: Source) -> str:
+    et = source.event_time
+    if et.format == "constant":
+        value = et.value if et.value.tzinfo is None else et.value.astimezone(dt.timezone.utc).replace(tzinfo=None)
+        return f"TIMESTAMP '{value:%Y-%m-%d %H:%M:%S.%f}'"
+    v = q(et.column)
+    if et.format in ("unix_seconds", "unix_millis"):
+        scale = 1_000_000 if et.format == "unix_seconds" else 1_000
+        d = f"try_cast({v} AS DOUBLE)"
+        # guard the range so absurd values become a bad timestamp instead of an overflow
+        return (f"CASE WHEN {d} IS NULL OR abs({d}) * {scale} > 9.0E15 OR isnan({d}) THEN NULL "
+                f"ELSE timestamp_micros(CAST(round({d} * {scale}) AS BIGINT)) END")
+    if et.format == "iso":
+        return f"try_cast({v} AS TIMESTAMP)"
+    return f"try_to_timestamp({v}, '{et.format}')"
+
+
+def domain_sql(source: Source) -> str:
+    if isinstance(source.domain, str):
+        return f"'{source.domain}'"
+    spec = source.domain
+    raw = q(spec.column) if spec.column else f"({spec.expr})"
+    pairs = ", ".join(f"'{k}', '{v}'" for k, v in spec.map.items())
+    # a value not in the map is null -> the default, or an unknown domain (quarantined)
+    mapped = f"CASE WHEN {raw} IS NULL THEN NULL ELSE try_element_at(map({pairs}), CAST({raw} AS STRING)) END"
+    return f"coalesce({mapped}, '{spec.default}')" if spec.default else mapped
+
+
+def domain_value_sql(source: Source) -> str:
+    """The raw value the domain is read from (for the quarantine detail)."""
+    if isinstance(source.domain, str):
+        return "NULL"
+    return f"CAST({q(source.domain.column) if source.domain.column else '(' + source.domain.expr + ')'} AS STRING)"
+
+
+def _cat(prefix: str, col):
+    from pyspark.sql import functions as F
+
+    return F.concat(F.lit(prefix), F.coalesce(col.cast("string"), F.lit("null")))
+
+
+def label_sql(spec) -> str:
+    """Label as a double (0/1 expected; anything else is a bad label, null a null label)."""
+    if spec.column:
+        return f"try_cast({q(spec.column)} AS DOUBLE)"
+    return f"CAST(CAST(({spec.expr}) AS INT) AS DOUBLE)"
+
+
+@dataclass
+class RawSource:
+    """A source read as strings: `frame` has the raw columns, `_raw` (the line / record as text),
+    `_file`, `_malformed`; `columns` are the raw column names."""
+
+    source: Source
+    files: list[str]
+    columns: list[str]
+    frame: object  # pyspark DataFrame
+
+
+def read_raw(spark, source: Source, files: list[str], columns: list[str]) -> RawSource:
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
+    if source.format in ("csv", "tsv"):
+        schema = T.StructType([T.StructField(c, T.StringType()) for c in columns] + [T.StructField(CORRUPT, T.StringType())])
+        df = spark.read.csv(
+            files, schema=schema, header=source.header, sep=SEP[source.format], mode="PERMISSIVE",
+            columnNameOfCorruptRecord=CORRUPT, enforceSchema=True, nullValue="", emptyValue="",
+        )
+        joined = F.concat_ws(SEP[source.format], *[F.coalesce(F.col(q(c)), F.lit("")) for c in columns])
+        df = df.withColumn("_malformed", F.col(CORRUPT).isNotNull()).withColumn("_raw", F.coalesce(F.col(CORRUPT), joined))
+    elif source.format == "jsonl":
+        schema = T.StructType([T.StructField(c, T.StringType()) for c in columns] + [T.StructField(CORRUPT, T.StringType())])
+        text = spark.read.text(files).where(F.trim("value") != "")
+        parsed = F.from_json("value", schema, {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT})
+        df = text.select(F.col("value").alias("_raw"), parsed.alias("_j")).select(
+            "_raw", *[F.col("_j")[c].alias(c) for c in columns],
+            (F.col("_j").isNull() | F.col("_j")[CORRUPT].isNotNull()).alias("_malformed"),
+        )
+    else:  # parquet: typed columns, read as their string form like the text formats
+        df = spark.read.parquet(*files).select(*[F.col(q(c)).cast("string").alias(c) for c in columns])
+        df = df.withColumn("_malformed", F.lit(False)).withColumn(
+            "_raw", F.concat_ws(",", *[F.coalesce(F.col(q(c)), F.lit("")) for c in columns]))
+    df = df.withColumn("_file", F.input_file_name())
+    return RawSource(source, files, columns, df)
+
+
+def tag(config: PlatformConfig, raw: RawSource, window: tuple[dt.datetime, dt.datetime] | None = None,
+        domains: list[str] | None = None):
+    """Raw rows -> consolidated columns + `_source`, `_reason`, `_detail`, `_raw`, `_file`,
+    `_in_scope` (false: outside the run's --start/--end or domain filter, neither written nor
+    quarantined)."""
+    from pyspark.sql import functions as F
+
+    source = raw.source
+    canonical: dict[str, str] = {}
+    for raw_name, canon in source.columns.items():
+        canonical.setdefault(canon, raw_name)
+    lo = dt.datetime.combine(config.time_range.start, dt.time())
+    hi = dt.datetime.combine(config.time_range.end, dt.time())
+
+    ex = F.expr
+    id_cols = ", ".join(f"coalesce({q(c)}, '')" for c in raw.columns)
+    df = raw.frame.select(
+        "*",
+        ex(f"substr(sha1(concat_ws('\\u001f', '{source.name}', {id_cols})), 1, 20)").alias("__example_id"),
+        ex(event_time_sql(source)).alias("__event_timestamp"),
+        ex(domain_sql(source)).alias("__domain"),
+        ex(domain_value_sql(source)).alias("_domain_value"),
+    )
+    checks: list[tuple[object, str, object]] = [
+        (F.col("_malformed"), MALFORMED, F.lit(f"expected {len(raw.columns)} columns" if source.format in SEP else "not a JSON object")),
+        (F.col("__event_timestamp").isNull(), BAD_TIMESTAMP,
+         _cat(f"{source.event_time.column}=", F.col(q(source.event_time.column)) if source.event_time.column else F.lit(""))),
+        ((F.col("__event_timestamp") < F.lit(lo)) | (F.col("__event_timestamp") >= F.lit(hi)), OUT_OF_RANGE,
+         _cat("event_timestamp=", F.col("__event_timestamp").cast("string"))),
+        (F.col("__domain").isNull(), UNKNOWN_DOMAIN, _cat("value=", F.col("_domain_value"))),
+    ]
+    out_cols = []
+    for f in config.entity_features:
+        if f.column in canonical:
+            v = q(canonical[f.column])
+            checks.append((ex(f"{v} IS NULL OR trim({v}) = ''"), NULL_KEY, F.lit(f.column)))
+    for col in S.sparse_columns(config):
+        out_cols.append(ex(stable_id_sql(q(canonical[col])) if col in canonical else "CAST(NULL AS BIGINT)").alias(col))
+    for col in S.dense_columns(config):
+        if col in canonical:
+            v = q(canonical[col])
+            parsed = f"try_cast({v} AS DOUBLE)"
+            checks.append((ex(f"{v} IS NOT NULL AND trim({v}) != '' AND {parsed} IS NULL"), BAD_VALUE, _cat(f"{col}=", F.col(v))))
+            out_cols += [ex(f"coalesce({parsed}, 0.0)").alias(col),
+                         ex(f"CAST(CASE WHEN {parsed} IS NULL THEN 0 ELSE 1 END AS TINYINT)").alias(S.present_column(col))]
+        else:
+            out_cols += [F.lit(0.0).alias(col), F.lit(0).cast("tinyint").alias(S.present_column(col))]
+    for obj in config.objectives:
+        spec = source.labels.get(obj.name)
+        carried = F.col("__domain").isin(obj.domains)
+        if spec is None:
+            out_cols += [F.lit(0).cast("tinyint").alias(S.label_column(obj.name)), F.lit(0).cast("tinyint").alias(S.mask_column(obj.name))]
+        else:
+            lab = ex(label_sql(spec))
+            if spec.column:
+                v = q(spec.column)
+                is_null, shown = ex(f"{v} IS NULL OR trim({v}) = ''"), F.col(v)
+            else:
+                is_null, shown = lab.isNull(), lab.cast("string")
+            checks.append((carried & is_null, NULL_LABEL, F.lit(f"{obj.name}: {spec.column or spec.expr} is null")))
+            checks.append((carried & F.coalesce(~lab.isin(0.0, 1.0), F.lit(True)), BAD_LABEL, _cat(f"{obj.name}=", shown)))
+            out_cols += [F.when(carried, lab).otherwise(0).cast("tinyint").alias(S.label_column(obj.name)),
+                         F.when(carried, 1).otherwise(0).cast("tinyint").alias(S.mask_column(obj.name))]
+        truth = source.truth.get(obj.name)
+        out_cols.append((ex(f"try_cast({q(truth)} AS DOUBLE)") if truth else F.lit(None).cast("double")).alias(S.truth_column(obj.name)))
+
+    reason = F.lit(None).cast("string")
+    detail = F.lit(None).cast("string")
+    for cond, code, why in reversed(checks):  # first check wins
+        reason = F.when(F.coalesce(cond, F.lit(False)), F.lit(code)).otherwise(reason)
+        detail = F.when(F.coalesce(cond, F.lit(False)), why).otherwise(detail)
+
+    scope = F.lit(True)
+    if window is not None:
+        scope = scope & F.coalesce((F.col("__event_timestamp") >= F.lit(window[0])) & (F.col("__event_timestamp") < F.lit(window[1])), F.lit(True))
+    if domains:
+        scope = scope & F.coalesce(F.col("__domain").isin(domains), F.lit(True))
+
+    # derived columns carry a `__` prefix until here: a raw column may be called `domain` (Douban)
+    return df.select(
+        F.col("__example_id").alias("example_id"), F.col("__event_timestamp").alias("event_timestamp"),
+        F.date_format("__event_timestamp", "yyyy-MM-dd").alias("date"), F.col("__domain").alias("domain"),
+        *out_cols,
+        F.lit(source.name).alias("_source"), reason.alias("_reason"), detail.alias("_detail"),
+        "_raw", "_file",
+        F.when(reason.isNull() | ~reason.isin(MALFORMED, BAD_TIMESTAMP, OUT_OF_RANGE, UNKNOWN_DOMAIN), scope)
+        .otherwise(F.lit(True)).alias("_in_scope"),
+    )

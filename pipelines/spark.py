@@ -1,0 +1,49 @@
+"""One SparkSession per process, configured the same way for tests, the CLI and spark-submit."""
+
+from __future__ import annotations
+
+import os
+
+DEFAULT_MASTER = "local[2]"
+
+# Settings every job relies on; re-applied at runtime to a session someone else started.
+RUNTIME_CONF = {
+    "spark.sql.session.timeZone": "UTC",
+    # re-running a date replaces its (date, domain) partitions and nothing else
+    "spark.sql.sources.partitionOverwriteMode": "dynamic",
+    # Feast / pyarrow readers and Spark itself agree on microseconds (Spark's default is INT96)
+    "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
+    # malformed-line detection must not depend on which columns a query happens to read
+    "spark.sql.csv.parser.columnPruning.enabled": "false",
+    "spark.sql.execution.arrow.pyspark.enabled": "true",
+    # a bad value in a config expression (domain / label `expr`) becomes null -> quarantined,
+    # instead of failing the whole job as ANSI casts would
+    "spark.sql.ansi.enabled": "false",
+}
+
+
+def get_spark(master: str | None = None, app_name: str = "lattice-features", shuffle_partitions: int | None = None):
+    """The active session if there is one (tests share a single session), else a new one on
+    `master` (default local[2]) with the UI off and few shuffle partitions."""
+    from pyspark.sql import SparkSession
+
+    spark = SparkSession.getActiveSession()
+    if spark is None:
+        parts = shuffle_partitions or int(os.environ.get("LATTICE_SHUFFLE_PARTITIONS", "8"))
+        builder = (
+            SparkSession.builder.master(master or os.environ.get("LATTICE_SPARK_MASTER", DEFAULT_MASTER))
+            .appName(app_name)
+            .config("spark.ui.enabled", "false")
+            .config("spark.ui.showConsoleProgress", "false")
+            .config("spark.sql.shuffle.partitions", str(parts))
+            .config("spark.default.parallelism", str(parts))
+            .config("spark.driver.memory", os.environ.get("LATTICE_SPARK_MEMORY", "4g"))
+            .config("spark.sql.adaptive.enabled", "true")
+        )
+        for k, v in RUNTIME_CONF.items():
+            builder = builder.config(k, v)
+        spark = builder.getOrCreate()
+        spark.sparkContext.setLogLevel("ERROR")
+    for k, v in RUNTIME_CONF.items():
+        spark.conf.set(k, v)
+    return spark

@@ -1,0 +1,187 @@
+"""The whole feature chain on the synthetic 3-domain demo logs (three schemas, three formats),
+run once through the CLI in-process, then checked: union schema, masks, reconciliation, the
+point-in-time leak test, re-run idempotence, the online store and the summary."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from lattice.data import schema as S
+from lattice.data.synth import generate
+
+from test_pipeline_helpers import config_with, paths_for, read_table
+
+pytestmark = pytest.mark.slow
+ROWS = 3000
+
+
+@pytest.fixture(scope="module")
+def demo(spark, root, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("demo")
+    raw = tmp / "raw"
+    config = config_with(root, "demo", {"data_root": str(raw), "workdir": str(tmp / "wd")}, tmp)
+    manifest = generate(config, ROWS, raw, progress=False)
+    paths = paths_for(config, tmp / "wd")
+    from lattice.cli import main
+
+    import contextlib
+    import io
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        rc = main(["features", config.source_file, "--workdir", str(paths.workdir)])
+    summary = json.loads((paths.workdir / "features_summary.json").read_text())
+    return {"config": config, "paths": paths, "manifest": manifest, "rc": rc, "stdout": out.getvalue(), "summary": summary}
+
+
+def test_cli_reports_stages_and_reconciliation(demo):
+    assert demo["rc"] == 0, demo["stdout"]
+    text = demo["stdout"]
+    for stage in ("consolidate", "aggregates", "feast_apply", "training_set", "materialize"):
+        assert f"[{stage:<12}]" in text
+    assert "rows in" in text and "balanced" in text
+    s = demo["summary"]
+    assert s["status"] == "ok"
+    assert set(s["timings"]) >= {"consolidate", "aggregates", "feast_apply", "training_set", "materialize", "total"}
+    assert s["paths"]["data_docs"] and s["paths"]["data_docs"].endswith("index.html")
+
+
+def test_union_schema_types_and_masks(demo):
+    config, paths = demo["config"], demo["paths"]
+    df = read_table(paths.consolidated)
+    assert set(df.columns) == set(S.consolidated_columns(config))
+    import pyarrow.dataset as ds
+
+    schema = ds.dataset(str(paths.consolidated), format="parquet").schema
+    assert str(schema.field("event_timestamp").type) == "timestamp[us, tz=UTC]"
+    assert str(schema.field("user_id").type) == "int64" and str(schema.field("label_click").type) == "int8"
+    by = {d: g for d, g in df.groupby("domain")}
+    assert set(by) == {"feed", "search", "video"}
+    # video logs no conversion: masked, never a fake negative
+    assert (by["video"]["mask_conversion"] == 0).all() and (by["video"]["label_conversion"] == 0).all()
+    assert (by["feed"]["mask_conversion"] == 1).all() and (by["search"]["mask_click"] == 1).all()
+    # a feature a domain lacks: null sparse, zero-filled dense with a presence flag
+    assert by["feed"]["query_category"].isna().all() and by["search"]["query_category"].notna().all()
+    assert (by["video"]["price"] == 0).all() and (by["video"]["price_present"] == 0).all()
+    assert (by["feed"]["price_present"] == 1).all()
+    assert by["video"]["truth_conversion"].isna().all() and by["feed"]["truth_click"].notna().all()
+    assert df["example_id"].is_unique
+    assert ((df["label_click"] <= df["mask_click"]) & (df["label_conversion"] <= df["mask_conversion"])).all()
+
+
+def test_counts_reconcile(demo):
+    recon = {r["domain"]: r for r in demo["summary"]["reconciliation"]}
+    for domain, n in demo["manifest"]["rows_per_domain"].items():
+        r = recon[domain]
+        assert r["rows_in"] == n
+        assert r["rows_in"] == r["rows_out"] + r["quarantined"] + r["skipped"] and r["balanced"]
+    assert demo["summary"]["counts"]["training_set"] == sum(r["rows_out"] for r in recon.values())
+
+
+def test_spark_ids_agree_with_pandas_reference(demo):
+    """stable_id and example_id: Spark and lattice.data.local_consolidate agree (csv source)."""
+    import glob
+
+    from lattice.data.local_consolidate import _read, consolidate_source
+
+    config, paths = demo["config"], demo["paths"]
+    feed = next(s for s in config.sources if s.name == "feed_log")
+    files = sorted(glob.glob(str(paths.source_path(feed.path))))
+    ref = pd.concat([consolidate_source(config, feed, _read(feed, f)) for f in files])
+    ref = ref.set_index("example_id")
+    got = read_table(paths.consolidated)
+    got = got[got.domain == "feed"].set_index("example_id")
+    assert set(ref.index) == set(got.index)
+    for col in ("user_id", "ad_id", "position", "label_click", "label_conversion"):
+        assert (ref.loc[got.index, col].astype("int64").values == got[col].astype("int64").values).all(), col
+    assert np.allclose(ref.loc[got.index, "price"].values, got["price"].values)
+
+
+def _brute_force(examples: pd.DataFrame, key: str, objective: str, hours: int, at: pd.Series, ids: pd.Series):
+    """count/positives of labeled events of the same entity in [t - window, t), by brute force."""
+    ev = examples[[key, "event_timestamp", S.label_column(objective), S.mask_column(objective)]]
+    rows = pd.DataFrame({key: ids.reset_index(drop=True), "t": at.reset_index(drop=True)})
+    m = rows.reset_index().merge(ev, on=key)
+    w = pd.Timedelta(hours=hours)
+    inside = (m.event_timestamp < m.t) & (m.event_timestamp >= m.t - w)
+    m = m[inside]
+    n = m.groupby("index")[S.mask_column(objective)].sum()
+    p = (m[S.label_column(objective)] * m[S.mask_column(objective)]).groupby(m["index"]).sum()
+    return n.reindex(rows.index, fill_value=0).values, p.reindex(rows.index, fill_value=0).values
+
+
+def test_training_set_is_point_in_time_correct_no_leak(demo):
+    """Leak test: every aggregate equals a brute-force count over events STRICTLY before the
+    example's time; an event at the same instant or later never counts."""
+    config, paths = demo["config"], demo["paths"]
+    ts = read_table(paths.training_set)
+    examples = read_table(paths.consolidated)
+    assert len(ts) == len(examples) and ts["example_id"].is_unique
+    assert set(S.aggregate_columns(config)) <= set(ts.columns)
+    for agg in config.features.aggregates:
+        key = next(f.column for f in config.features.sparse if f.name == agg.entity)
+        for w, hours in zip(agg.windows, agg.window_hours()):
+            n, p = _brute_force(examples, key, agg.objective, hours, ts["event_timestamp"], ts[key])
+            assert (ts[f"{agg.name}_count_{w}"].values == n).all(), (agg.name, w)
+            assert (ts[f"{agg.name}_positives_{w}"].values == p).all(), (agg.name, w)
+            rate = np.where(n > 0, p / np.maximum(n, 1), 0.0)
+            assert np.allclose(ts[f"{agg.name}_rate_{w}"].values, rate)
+    # the first appearance of every user has seen nothing, even its own label
+    first = ts.sort_values("event_timestamp").groupby("user_id").head(1)
+    same_instant = ts.groupby(["user_id", "event_timestamp"]).example_id.transform("count") > 1
+    assert (first.loc[~same_instant.loc[first.index], "user_click_count_7d"] == 0).all()
+
+
+def test_online_lookup_returns_latest_values(demo):
+    from features.store import online_features
+
+    config, paths = demo["config"], demo["paths"]
+    examples = read_table(paths.consolidated)
+    user = int(examples.user_id.value_counts().index[0])
+    ad = int(examples.ad_id.value_counts().index[0])
+    got = online_features(config, paths, [{"user_id": user, "ad_id": ad}])
+    mine = examples[examples.user_id == user]
+    last = mine.event_timestamp.max()
+    week = mine[mine.event_timestamp > last - pd.Timedelta(days=7)]
+    assert got["user_click_count_7d"] == [int(week.mask_click.sum())]
+    assert got["user_click_positives_7d"] == [int(week.label_click.sum())]
+    day = mine[mine.event_timestamp > last - pd.Timedelta(days=1)]
+    assert got["user_click_count_1d"] == [int(day.mask_click.sum())]
+    unknown = online_features(config, paths, [{"user_id": -12345, "ad_id": -1}])
+    assert unknown["user_click_count_7d"] == [None]
+
+
+def test_rerun_of_a_date_replaces_its_partition(demo, spark):
+    from pipelines.consolidate import ingest_and_consolidate
+
+    config, paths = demo["config"], demo["paths"]
+    before = read_table(paths.consolidated)
+    day = sorted(before.date.unique())[1]
+    nxt = str(dt.date.fromisoformat(day) + dt.timedelta(days=1))
+    res = ingest_and_consolidate(config, paths, start=day, end=nxt)
+    assert res["partitions"] == [day]
+    assert all(r["balanced"] for r in res["reconciliation"])
+    assert res["totals"]["rows_out"] == int((before.date == day).sum())
+    assert res["totals"]["skipped"] == len(before) - res["totals"]["rows_out"]
+    after = read_table(paths.consolidated)
+    assert len(after) == len(before) and after["example_id"].is_unique
+    cols = S.consolidated_columns(config)
+    a = after[cols].sort_values("example_id").reset_index(drop=True)
+    b = before[cols].sort_values("example_id").reset_index(drop=True)
+    pd.testing.assert_frame_equal(a, b, check_dtype=False, check_categorical=False)
+
+
+def test_data_docs_and_raw_suites(demo):
+    cons = demo["summary"]["stages"]["consolidate"]
+    suites = cons["validation"]
+    assert {"raw_feed_log", "raw_search_log", "raw_video_log", "consolidated", "consolidated_cells"} <= set(suites)
+    assert all(v["success"] for v in suites.values())
+    assert all(v["expectations"] > 0 for v in suites.values())
+    from pathlib import Path
+
+    assert Path(cons["paths"]["data_docs"]).is_file()

@@ -1,0 +1,231 @@
+"""Serving over real HTTP: a uvicorn server on 127.0.0.1 (random free port) in front of the
+champion artifact from the MLflow registry and the Feast online store (SQLite)."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import httpx
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from lattice.data import schema as S
+from lattice.registry import ModelRegistry
+from lattice.registry.stages import register
+from test_distill import copy_workdir, trained_workdir
+
+pytestmark = pytest.mark.slow
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ThreadedServer:
+    def __init__(self, app):
+        import uvicorn
+
+        self.port = _free_port()
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", access_log=False))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def __enter__(self) -> "ThreadedServer":
+        self.thread.start()
+        deadline = time.time() + 120
+        while not self.server.started:
+            if time.time() > deadline or not self.thread.is_alive():
+                raise RuntimeError("uvicorn did not start")
+            time.sleep(0.05)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    from lattice.export.stages import export_model
+    from lattice.serving.app import create_app
+    from pipelines.feast_jobs import feast_apply, materialize
+
+    config, _ = trained_workdir()
+    paths = copy_workdir(tmp_path_factory.mktemp("serving") / "wd")
+    feast_apply(config, paths)
+    materialize(config, paths)
+    reg = ModelRegistry(config, paths)
+    champion = reg.version(register(config, paths, "student")["version"])
+    reg.promote(champion)  # the gate has its own tests; here any champion will do
+    export_model(config, paths, "student@noteacher")
+    other = reg.version(register(config, paths, "student@noteacher")["version"])
+    with ThreadedServer(create_app(config, paths, poll_seconds=0.2)) as server:
+        yield {"config": config, "paths": paths, "reg": reg, "url": server.url, "versions": {"student": champion.version,
+               "student@noteacher": other.version}}
+
+
+def _requests(config, rows: pd.DataFrame) -> list[dict]:
+    """Example rows -> /predict requests: entity keys, request-time features (absent ones left out)."""
+    entity = {f.column for f in config.entity_features}
+    out = []
+    for _, r in rows.iterrows():
+        feats = {}
+        for c in S.sparse_columns(config):
+            if c not in entity and not pd.isna(r[c]):
+                feats[c] = int(r[c])
+        for c in S.dense_columns(config):
+            if r[S.present_column(c)] == 1:
+                feats[c] = float(r[c])
+        out.append({"request_id": r["example_id"], "domain": r["domain"],
+                    "entities": {k: int(r[k]) for k in sorted(entity)}, "features": feats})
+    return out
+
+
+def _offline(config, paths, model: str, rows: pd.DataFrame) -> dict[str, np.ndarray]:
+    """The trained model (training code path, eager) on the same rows, with the entity features
+    the online store holds for them (what serving must use)."""
+    from features.store import online_features
+    from lattice.data.loader import batch_from_frame
+    from lattice.evaluation.stages import load_model, predict
+
+    frame = rows.copy()
+    entity = [f.column for f in config.entity_features]
+    online = online_features(config, paths, [{k: int(v) for k, v in zip(entity, vals)} for vals in frame[entity].to_numpy()])
+    for c in S.aggregate_columns(config):
+        frame[c] = [0.0 if v is None else float(v) for v in online[c]]
+    net = load_model(config, paths, model)
+    probs = predict(net, batch_from_frame(config, net.dense_stats, frame))
+    return {o: p.numpy() for o, p in probs.items()}
+
+
+@pytest.fixture(scope="module")
+def window(served):
+    from lattice.export.window import load_window
+
+    return load_window(served["config"], served["paths"], "test", max_rows=256, seed=1)
+
+
+def test_healthz_and_metadata(served):
+    h = httpx.get(served["url"] + "/healthz").json()
+    assert h["status"] == "ok" and h["model_version"] == served["versions"]["student"]
+    m = httpx.get(served["url"] + "/metadata").json()
+    assert m["model_version"] == served["versions"]["student"] and m["alias"] == "champion"
+    assert m["feature_service"] == "demo_v1" and m["training_date"] and m["checksum"]
+    assert m["objectives"] == served["config"].objective_names
+
+
+def test_predictions_equal_offline(served, window):
+    config = served["config"]
+    reqs = _requests(config, window)
+    resp = httpx.post(served["url"] + "/predict", json={"requests": reqs}, timeout=60)
+    assert resp.status_code == 200, resp.text
+    body = resp.json()
+    assert body["model_version"] == served["versions"]["student"]
+    preds = body["predictions"]
+    assert [p["request_id"] for p in preds] == list(window["example_id"])
+    want = _offline(config, served["paths"], "student", window)
+    for o in config.objective_names:
+        got = np.array([p["probabilities"][o] for p in preds])
+        np.testing.assert_allclose(got, want[o], atol=1e-5, rtol=0)
+    assert all(p["unknown_entities"] == [] for p in preds)  # every test-row entity has history
+    # the single-request form gives the same numbers
+    for i in range(5):
+        one = httpx.post(served["url"] + "/predict", json=reqs[i], timeout=30).json()["predictions"][0]
+        for o in config.objective_names:
+            assert one["probabilities"][o] == pytest.approx(float(want[o][i]), abs=1e-5)
+
+
+def test_unknown_entity_gets_defaults_and_flag(served, window):
+    config = served["config"]
+    rows = window.head(3).copy()
+    rows["user_id"] = [987_654_321_001, 987_654_321_002, 987_654_321_003]  # never logged
+    resp = httpx.post(served["url"] + "/predict", json={"requests": _requests(config, rows)}, timeout=30)
+    assert resp.status_code == 200, resp.text
+    preds = resp.json()["predictions"]
+    assert [p["unknown_entities"] for p in preds] == [["user_id"]] * 3
+    want = _offline(config, served["paths"], "student", rows)  # the store has nothing: aggregates 0
+    for o in config.objective_names:
+        np.testing.assert_allclose([p["probabilities"][o] for p in preds], want[o], atol=1e-5, rtol=0)
+    # the online features matter: the same rows with their real users score differently
+    known = httpx.post(served["url"] + "/predict", json={"requests": _requests(config, window.head(3))}, timeout=30).json()
+    diff = max(abs(a["probabilities"][o] - b["probabilities"][o])
+               for a, b in zip(known["predictions"], preds) for o in config.objective_names)
+    assert diff > 1e-4
+
+
+GOOD = {"domain": "feed", "entities": {"user_id": 1, "ad_id": 2}, "features": {"device": 1, "price": 1.5}}
+
+
+@pytest.mark.parametrize("body, fragment", [
+    ({**GOOD, "domain": "radio"}, "unknown domain 'radio'"),
+    ({**GOOD, "entities": {"user_id": 1}}, "missing entity key(s) ['ad_id']"),
+    ({**GOOD, "entities": {"user_id": 1.5, "ad_id": 2}}, "entities.user_id"),
+    ({**GOOD, "entities": {"user_id": 1, "ad_id": 2, "shop_id": 3}}, "unknown entity key(s) ['shop_id']"),
+    ({**GOOD, "features": {"price": "cheap"}}, "feature 'price' is numeric"),
+    ({**GOOD, "features": {"device": 1.5}}, "feature 'device' is categorical"),
+    ({**GOOD, "features": {"colour": 1}}, "unknown feature 'colour'"),
+    ({**GOOD, "features": {"user_id": 1}}, "is an entity key"),
+    ({**GOOD, "domian": "feed"}, "domian: unknown field"),
+    ({"entities": {"user_id": 1, "ad_id": 2}}, "domain: required field is missing"),
+    ({"requests": []}, "requests"),
+    ({"requests": [GOOD, {**GOOD, "domain": "radio"}]}, "requests[1]: unknown domain"),
+    ([GOOD], "body must be a JSON object"),
+])
+def test_bad_requests_get_422_with_a_reason(served, body, fragment):
+    resp = httpx.post(served["url"] + "/predict", json=body, timeout=30)
+    assert resp.status_code == 422, resp.text
+    assert fragment in resp.json()["detail"]
+
+
+def test_malformed_json_and_wrong_method(served):
+    resp = httpx.post(served["url"] + "/predict", content=b"{not json", headers={"content-type": "application/json"})
+    assert resp.status_code == 422 and "not valid JSON" in resp.json()["detail"]
+    assert httpx.get(served["url"] + "/predict").status_code == 405
+
+
+def test_hot_swap_during_a_request_stream_drops_nothing(served, window):
+    config, reg, url = served["config"], served["reg"], served["url"]
+    rows = window.head(16)
+    reqs = {"requests": _requests(config, rows)}
+    expected = {served["versions"][m]: _offline(config, served["paths"], m, rows) for m in ("student", "student@noteacher")}
+    results: list[tuple[int, dict | str]] = []
+    stop = threading.Event()
+
+    def stream() -> None:
+        with httpx.Client(timeout=30) as client:
+            while not stop.is_set():
+                r = client.post(url + "/predict", json=reqs)
+                results.append((r.status_code, r.json() if r.status_code == 200 else r.text))
+
+    t = threading.Thread(target=stream)
+    t.start()
+    try:
+        time.sleep(1.0)
+        new = served["versions"]["student@noteacher"]
+        reg.promote(reg.version(new))  # the alias moves while requests are in flight
+        deadline = time.time() + 90
+        while time.time() < deadline and not any(code == 200 and b["model_version"] == new for code, b in results):
+            time.sleep(0.1)
+        time.sleep(1.0)
+    finally:
+        stop.set()
+        t.join(timeout=60)
+    assert results and all(code == 200 for code, _ in results), [b for c, b in results if c != 200][:3]
+    versions = [b["model_version"] for _, b in results]
+    old = served["versions"]["student"]
+    assert versions[0] == old and versions[-1] == new
+    assert versions == sorted(versions, key=lambda v: v != old)  # old ... old, new ... new: one clean switch
+    for _, b in results:  # every response is wholly one model's answer
+        want = expected[b["model_version"]]
+        for o in config.objective_names:
+            np.testing.assert_allclose([p["probabilities"][o] for p in b["predictions"]], want[o], atol=1e-5, rtol=0)
+    assert httpx.get(url + "/healthz").json()["swaps"] >= 2

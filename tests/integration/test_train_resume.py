@@ -1,0 +1,81 @@
+"""Checkpoints restore model, optimizers and data position: an interrupted-then-resumed run ends
+with exactly the weights of an uninterrupted one. Also the distillation hook: teacher scores by
+example_id feed the student's training."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+from lattice.config import load_config
+from lattice.data.local_table import write_local_table
+from lattice.data.synth import generate
+from lattice.paths import Paths
+from lattice.training.stages import score, train
+from lattice.training.tiny import tiny
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    base = tmp_path_factory.mktemp("resume")
+    cfg = tiny(load_config(ROOT / "configs" / "demo.yaml"), data_root=str(base / "raw"), batch_size=256)
+    generate(cfg, 6_000, base / "raw", progress=False)
+    paths = Paths.for_config(cfg, base / "work")
+    write_local_table(cfg, paths)
+    return cfg, paths
+
+
+def _weights(paths: Paths, name: str) -> dict[str, torch.Tensor]:
+    return torch.load(paths.model_dir(name) / "model.pt", weights_only=False)["state_dict"]
+
+
+def test_resume_equals_uninterrupted(setup) -> None:
+    cfg, paths = setup
+    full = train(cfg, paths, model="teacher@a", nproc=1, epochs=2, progress=False)
+    cut = train(cfg, paths, model="teacher@b", nproc=1, epochs=2, stop_after=9, progress=False)
+    assert cut["interrupted"] and cut["global_step"] == 9  # mid first epoch
+    assert not (paths.model_dir("teacher@b") / "model.pt").exists()
+    resumed = train(cfg, paths, model="teacher@b", nproc=1, epochs=2, resume=True, progress=False)
+    a, b = _weights(paths, "teacher@a"), _weights(paths, "teacher@b")
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    assert [round(e["train_loss"], 10) for e in full["history"]] == [round(e["train_loss"], 10) for e in resumed["history"]]
+    # and training did move the weights
+    fresh = train(cfg, paths, model="teacher@c", nproc=1, epochs=1, stop_after=1, progress=False)
+    assert fresh["interrupted"]
+
+
+def test_resume_needs_the_same_rank_count(setup) -> None:
+    cfg, paths = setup
+    train(cfg, paths, model="pooled", nproc=1, epochs=1, stop_after=2, progress=False)
+    blob = torch.load(paths.model_dir("pooled") / "checkpoint" / "rank0.pt", weights_only=False)
+    blob["world_size"] = 2
+    torch.save(blob, paths.model_dir("pooled") / "checkpoint" / "rank0.pt")
+    with pytest.raises(ValueError, match="written by 2 rank"):
+        train(cfg, paths, model="pooled", nproc=1, epochs=1, resume=True, progress=False)
+
+
+def test_teacher_scores_feed_the_student(setup) -> None:
+    cfg, paths = setup
+    if not (paths.model_dir("teacher@a") / "model.pt").exists():
+        train(cfg, paths, model="teacher@a", nproc=1, epochs=1, progress=False)
+    out = score(cfg, paths, "teacher@a", split="train", progress=False)
+    scores = pd.read_parquet(out)
+    assert list(scores.columns) == ["example_id", "domain", "p_click", "p_conversion"]
+    assert scores["p_click"].between(0, 1).all() and scores["example_id"].is_unique
+    summary = train(cfg, paths, model="student", nproc=1, epochs=1, teacher_scores=out, progress=False)
+    metrics = json.loads((paths.model_dir("student") / "metrics.json").read_text())
+    assert summary["cost"]["params"] < _cost(paths, "teacher@a")["params"]  # the same network, smaller
+    assert set(metrics["cells"]) == {f"{d}/{o}" for d, o in cfg.cells()}
+
+
+def _cost(paths: Paths, name: str) -> dict:
+    return json.loads((paths.model_dir(name) / "metrics.json").read_text())["cost"]

@@ -1,0 +1,105 @@
+"""The promotion gate's rules over measured numbers (no models, no registry)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from lattice.config import load_config
+from lattice.promotion.gate import CellMetrics, GateInputs, decide
+from lattice.promotion.metrics import gate_cells
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def config():
+    return load_config(ROOT / "configs" / "demo.yaml")
+
+
+def _cells(config, ne=0.8, auc=0.7, cal=1.0):
+    return {c: CellMetrics(ne=ne, auc=auc, calibration=cal, count=1000, positives=50) for c in config.cells()}
+
+
+def _inputs(config, challenger, champion, **kw):
+    base = dict(student_macro_ne=0.80, teacher_macro_ne=0.79, export_max_abs_diff=1e-6, export_tolerance=1e-4,
+                latency_p99_ms=1.0, artifact_mb=1.0)
+    base.update(kw)
+    return GateInputs(challenger=challenger, champion=champion, **base)
+
+
+def test_good_challenger_passes(config):
+    d = decide(config.promotion, _inputs(config, _cells(config, ne=0.80), _cells(config, ne=0.801)))
+    assert d.passed, [r.message for r in d.failed]
+    assert d.to_dict()["decision"] == "promote"
+    assert {r.check for r in d.reasons} >= {"ne_vs_champion", "calibration", "teacher_epsilon", "export_parity", "latency", "artifact_size"}
+
+
+def test_one_regressed_cell_rejects_and_is_named(config):
+    delta = config.promotion.max_ne_regression
+    challenger = _cells(config, ne=0.80)
+    challenger[("search", "conversion")] = CellMetrics(ne=0.80 * (1 + 2 * delta), auc=0.7, calibration=1.0)
+    d = decide(config.promotion, _inputs(config, challenger, _cells(config, ne=0.80)))
+    assert not d.passed
+    assert d.failed_cells == ["search/conversion"]
+    assert "worse by" in d.failed[0].message
+
+
+def test_regression_within_delta_passes(config):
+    delta = config.promotion.max_ne_regression
+    d = decide(config.promotion, _inputs(config, _cells(config, ne=0.80 * (1 + delta / 2)), _cells(config, ne=0.80)))
+    assert d.passed
+
+
+@pytest.mark.parametrize("cal", [0.5, 2.0])
+def test_calibration_out_of_bounds_rejects(config, cal):
+    challenger = _cells(config)
+    challenger[("feed", "click")] = CellMetrics(ne=0.8, auc=0.7, calibration=cal)
+    d = decide(config.promotion, _inputs(config, challenger, _cells(config)))
+    assert [r.check for r in d.failed] == ["calibration"] and d.failed_cells == ["feed/click"]
+
+
+def test_first_model_uses_floors(config):
+    assert decide(config.promotion, _inputs(config, _cells(config, ne=0.9, auc=0.7), None)).passed
+    d = decide(config.promotion, _inputs(config, _cells(config, ne=1.01, auc=0.5), None))
+    assert {r.check for r in d.failed} == {"ne_floor", "auc_floor"}
+    assert len(d.failed_cells) == len(config.cells())
+
+
+@pytest.mark.parametrize(
+    "override, check",
+    [
+        (dict(student_macro_ne=0.90, teacher_macro_ne=0.80), "teacher_epsilon"),
+        (dict(teacher_macro_ne=None), "teacher_epsilon"),
+        (dict(export_max_abs_diff=0.1), "export_parity"),
+        (dict(latency_p99_ms=1e3), "latency"),
+        (dict(artifact_mb=1e6), "artifact_size"),
+    ],
+)
+def test_model_level_checks(config, override, check):
+    d = decide(config.promotion, _inputs(config, _cells(config), _cells(config), **override))
+    assert not d.passed and [r.check for r in d.failed] == [check]
+
+
+def test_empty_window_rejects(config):
+    d = decide(config.promotion, _inputs(config, {}, None))
+    assert not d.passed and "empty" in d.failed[0].message
+
+
+def test_cell_metrics_skip_masked_rows(config):
+    import pandas as pd
+
+    rng = np.random.default_rng(1)
+    n = 3000
+    frame = pd.DataFrame({"domain": rng.choice(config.domain_names, n)})
+    probs = {}
+    for o in config.objective_names:
+        frame[f"label_{o}"] = (rng.uniform(size=n) < 0.2).astype(np.int8)
+        frame[f"mask_{o}"] = frame["domain"].map(lambda d, o=o: int(config.carries(d, o))).astype(np.int8)
+        probs[o] = np.full(n, 0.2)
+    cells = gate_cells(config, frame, probs)
+    assert set(cells) == set(config.cells())
+    assert ("video", "conversion") not in cells
+    assert all(abs(m.calibration - 1) < 0.2 for m in cells.values())

@@ -1,0 +1,131 @@
+"""The streaming loader: splits, determinism, rank sharding, worker processes, null features,
+teacher scores joined by example_id."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from lattice.config import load_config
+from lattice.data.loader import BatchLoader, NoTrainingData, find_table, fit_dense_stats
+from lattice.data.local_table import write_local_table
+from lattice.data.split import split_mask
+from lattice.data.synth import generate
+from lattice.paths import Paths
+from lattice.training.tiny import tiny
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def table(tmp_path_factory):
+    base = tmp_path_factory.mktemp("loader")
+    cfg = tiny(load_config(ROOT / "configs" / "demo.yaml"), data_root=str(base / "raw"), batch_size=256)
+    generate(cfg, 6_000, base / "raw", progress=False)
+    paths = Paths.for_config(cfg, base / "work")
+    write_local_table(cfg, paths, row_group_size=700)  # several row groups per file: many units
+    root = find_table(paths)
+    return cfg, paths, root, fit_dense_stats(cfg, root)
+
+
+def _ids(loader) -> list[str]:
+    return [e for b in loader for e in b.example_ids.tolist()]
+
+
+def test_missing_table_says_which_command_makes_it(tmp_path) -> None:
+    cfg = load_config(ROOT / "configs" / "demo.yaml")
+    with pytest.raises(NoTrainingData, match="lattice features CONFIG"):
+        find_table(Paths.for_config(cfg, tmp_path))
+
+
+def test_splits_are_disjoint_cover_everything_and_match_fractions(table) -> None:
+    cfg, _, root, stats = table
+    seen = {s: set(_ids(BatchLoader(cfg, root, stats, s, shuffle=False))) for s in ("train", "validation", "test")}
+    everything = set(_ids(BatchLoader(cfg, root, stats, "all", shuffle=False)))
+    assert seen["train"] | seen["validation"] | seen["test"] == everything
+    assert sum(len(v) for v in seen.values()) == len(everything)
+    assert 0.06 < len(seen["test"]) / len(everything) < 0.14  # test_fraction 0.1
+    ids = sorted(everything)
+    assert np.array_equal(split_mask(cfg, ids, "test"), split_mask(cfg, ids, "test"))  # pure function of the id
+
+
+def test_order_is_deterministic_for_a_seed_and_changes_with_seed_and_epoch(table) -> None:
+    cfg, _, root, stats = table
+    a = _ids(BatchLoader(cfg, root, stats, "train", seed=1))
+    assert a == _ids(BatchLoader(cfg, root, stats, "train", seed=1))
+    assert a != _ids(BatchLoader(cfg, root, stats, "train", seed=2))
+    other = BatchLoader(cfg, root, stats, "train", seed=1)
+    other.set_epoch(1)
+    assert a != _ids(other) and sorted(a) == sorted(_ids(other))
+
+
+def test_batches_mix_domains(table) -> None:
+    cfg, _, root, stats = table
+    first = next(iter(BatchLoader(cfg, root, stats, "train", seed=0)))
+    assert len(set(first.domain.tolist())) == 3  # files are one domain each; the shuffle buffer mixes them
+
+
+def test_ranks_get_disjoint_balanced_shards(table) -> None:
+    cfg, _, root, stats = table
+    whole = _ids(BatchLoader(cfg, root, stats, "train", seed=0))
+    r0 = _ids(BatchLoader(cfg, root, stats, "train", seed=0, rank=0, world_size=2))
+    r1 = _ids(BatchLoader(cfg, root, stats, "train", seed=0, rank=1, world_size=2))
+    assert not set(r0) & set(r1)
+    assert set(r0) | set(r1) == set(whole)
+    assert abs(len(r0) - len(r1)) <= 20  # at most one row per unit apart
+
+
+def test_worker_processes_deliver_the_same_examples_deterministically(table) -> None:
+    cfg, _, root, stats = table
+    one = _ids(BatchLoader(cfg, root, stats, "train", num_workers=0))
+    two = _ids(BatchLoader(cfg, root, stats, "train", num_workers=2))
+    assert sorted(one) == sorted(two)
+    assert two == _ids(BatchLoader(cfg, root, stats, "train", num_workers=2))
+
+
+def test_null_features_are_empty_bags_and_masks_follow_domains(table) -> None:
+    cfg, _, root, stats = table
+    b = next(iter(BatchLoader(cfg, root, stats, "all", shuffle=False, batch_size=6000)))
+    lengths = b.sparse["query_category"].lengths()
+    search = b.domain == cfg.domain_names.index("search")
+    assert (lengths[search] == 1).all() and (lengths[~search] == 0).all()  # only search logs a query
+    video = b.domain == cfg.domain_names.index("video")
+    assert (b.masks["conversion"][video] == 0).all() and (b.masks["conversion"][~video] == 1).all()
+    assert b.dense.shape == (len(b), len(stats.columns))
+
+
+def test_dense_stats_standardize_the_train_split(table) -> None:
+    cfg, _, root, stats = table
+    dense = np.concatenate([b.dense.numpy() for b in BatchLoader(cfg, root, stats, "train")])
+    price = [c.column for c in stats.columns].index("price")
+    assert abs(dense[:, price].mean()) < 1e-3 and abs(dense[:, price].std() - 1) < 1e-3
+    assert 0 < stats.label_rates["conversion"] < stats.label_rates["click"] < 0.5
+
+
+def test_teacher_scores_join_by_example_id(table, tmp_path) -> None:
+    cfg, _, root, stats = table
+    ids = sorted(set(_ids(BatchLoader(cfg, root, stats, "train", shuffle=False))))
+    scored = ids[::2]
+    t = pd.DataFrame({"example_id": scored, "p_click": 0.25, "p_conversion": 0.125})
+    t.to_parquet(tmp_path / "scores.parquet")
+    n_scored = 0
+    for b in BatchLoader(cfg, root, stats, "train", teacher_scores=tmp_path / "scores.parquet"):
+        has = np.isin(b.example_ids, scored)
+        assert np.array_equal(b.teacher_mask.numpy() == 1, has)
+        assert (b.teacher["click"].numpy()[has] == 0.25).all()
+        n_scored += int(has.sum())
+    assert n_scored == len(scored)
+    t.drop(columns="p_conversion").to_parquet(tmp_path / "bad.parquet")
+    with pytest.raises(ValueError, match=r"lack columns \['p_conversion'\]"):
+        next(iter(BatchLoader(cfg, root, stats, "train", teacher_scores=tmp_path / "bad.parquet")))
+
+
+def test_train_cli_without_data_names_the_command_that_makes_it(tmp_path, capsys) -> None:
+    from lattice.cli import main
+
+    rc = main(["train", str(ROOT / "configs" / "demo.yaml"), "--model", "teacher", "--workdir", str(tmp_path)])
+    assert rc == 1
+    assert "lattice features CONFIG" in capsys.readouterr().err

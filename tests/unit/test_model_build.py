@@ -1,0 +1,63 @@
+"""Every model kind builds from config and answers per objective; the student's cost budget;
+the KJT remap in front of the tables."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from lattice.config import load_config
+from lattice.data.batch import kjt_from_ids
+from lattice.models import MODEL_KINDS, build_model
+from lattice.models.cost import model_cost
+from lattice.models.remap import make_remap
+from lattice.models.sparse import table_shape
+from lattice.training.tiny import tiny
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def demo():
+    return load_config(ROOT / "configs" / "demo.yaml")
+
+
+@pytest.mark.parametrize("kind", MODEL_KINDS)
+def test_every_kind_returns_logits_per_objective(demo, kind) -> None:
+    cfg = tiny(demo)
+    torch.manual_seed(0)
+    model = build_model(cfg, kind, 4)
+    names = [f.name for f in cfg.features.sparse]
+    kjt = kjt_from_ids(names, [np.arange(6) * 7 for _ in names], [np.array([1, 1, 0, 1, 0, 1], bool) for _ in names])
+    out = model(torch.randn(6, 4), kjt, torch.tensor([0, 1, 2, 0, 1, 2]))
+    assert set(out) == set(cfg.objective_names)
+    assert all(v.shape == (6,) and torch.isfinite(v).all() for v in out.values())
+
+
+def test_student_costs_at_most_a_fifth_of_the_teacher(demo) -> None:
+    t = model_cost(build_model(demo, "teacher", 6), demo, 6)
+    s = model_cost(build_model(demo, "student", 6), demo, 6)
+    assert s["params"] * 5 <= t["params"]
+    assert s["flops_per_example"] * 5 <= t["flops_per_example"]
+
+
+def test_table_shapes_follow_model_size(demo) -> None:
+    shapes = {n: (r, d) for n, r, d in table_shape(demo, demo.models.student)}
+    assert shapes["user_id"] == (50_000, 8)  # 200000 rows x table_scale 0.25, width min(16, 8)
+    assert shapes["device"] == (4, 4)
+
+
+def test_remap_keeps_ids_in_table_and_rejects_bad_unhashed_ids(demo) -> None:
+    seg = next(f for f in demo.features.sparse if f.name == "user_segment")  # hashing: none
+    ids = torch.tensor([0, 5, 63])
+    assert torch.equal(make_remap(demo, seg, 64)(ids), ids)
+    with pytest.raises(ValueError, match="user_segment.*hashing 'none'"):
+        make_remap(demo, seg, 64)(torch.tensor([64]))
+    uid = next(f for f in demo.features.sparse if f.name == "user_id")
+    out = make_remap(demo, uid, 1000)(torch.tensor([5, 1005, 2**60 + 3]))
+    assert out.tolist() == [5, 5, (2**60 + 3) % 1000]
+    with pytest.raises(ValueError, match="hashing 'qr'.*not registered"):
+        make_remap(demo, uid.model_copy(update={"hashing": "qr"}), 1000)

@@ -1,0 +1,101 @@
+"""Serving pieces without a server: request validation against the config, requests -> Arrow rows,
+and the hot-swap slot (a failed load keeps the old model; a request sees one whole model)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from lattice.config import load_config
+from lattice.serving.app import parse_body
+from lattice.serving.frame import request_table
+from lattice.serving.requests import PredictRequest, RequestError, RequestSchema
+from lattice.serving.slot import ModelSlot
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def config():
+    return load_config(ROOT / "configs" / "demo.yaml")
+
+
+def test_valid_single_and_batch(config):
+    schema = RequestSchema(config)
+    one = b'{"domain": "search", "entities": {"user_id": 5, "ad_id": "a9"}, "features": {"query_category": 3, "price": 2}}'
+    reqs, batch = parse_body(one, schema)
+    assert not batch and reqs[0].domain == "search" and reqs[0].entities["ad_id"] == "a9"
+    reqs, batch = parse_body(b'{"requests": [' + one + b"," + one + b"]}", schema)
+    assert batch and len(reqs) == 2
+
+
+@pytest.mark.parametrize("body, fragment", [
+    (b'{"domain": "tv", "entities": {"user_id": 1, "ad_id": 2}}', "unknown domain 'tv'; use one of ['feed', 'search', 'video']"),
+    (b'{"domain": "feed", "entities": {"ad_id": 2}}', "missing entity key(s) ['user_id']"),
+    (b'{"domain": "feed", "entities": {"user_id": true, "ad_id": 2}}', "entities.user_id"),
+    (b'{"domain": "feed", "entities": {"user_id": 1, "ad_id": 2}, "features": {"price": "x"}}', "numeric"),
+    (b'{"domain": 3, "entities": {"user_id": 1, "ad_id": 2}}', "domain"),
+    (b'{"requests": [{"domain": "feed", "entities": {"user_id": 1, "ad_id": 2}}, {"domain": "feed"}]}', "requests.1.entities"),
+    (b"[]", "JSON object"),
+    (b"nope", "not valid JSON"),
+])
+def test_invalid_requests_name_the_problem(config, body, fragment):
+    with pytest.raises(RequestError) as exc:
+        parse_body(body, RequestSchema(config))
+    assert fragment in str(exc.value)
+
+
+def test_request_rows_follow_the_consolidation_contract(config):
+    from lattice.data import schema as S
+
+    reqs = [PredictRequest(domain="video", entities={"user_id": 7, "ad_id": "ab12"}, features={"activity": 0.5}),
+            PredictRequest(domain="feed", entities={"user_id": 8, "ad_id": 9}, features={"price": 3, "device": "ios"})]
+    t = request_table(config, reqs, {}).to_pydict()
+    assert t["ad_id"] == [S.stable_id("ab12"), 9] and t["device"] == [None, S.stable_id("ios")]
+    assert t["price"] == [0.0, 3.0] and t["price_present"] == [0, 1] and t["activity_present"] == [1, 0]
+    assert all(t[c] == [0.0, 0.0] for c in S.aggregate_columns(config))  # no store answer: the no-history default
+
+
+def test_slot_swaps_whole_models_and_survives_a_failed_load():
+    target = {"v": 1}
+    loads: list[int] = []
+
+    def load(version: int) -> dict:
+        loads.append(version)
+        if version == 3:
+            raise RuntimeError("corrupt artifact")
+        time.sleep(0.05)  # a slow load must not be visible to readers
+        return {"version": version, "weights": [version] * 1000}
+
+    slot = ModelSlot(lambda: target["v"], load, poll_seconds=0.01)
+    assert slot.refresh() and slot.current.version == 1
+    assert not slot.refresh()  # unchanged alias: nothing reloaded
+    seen: list[tuple[int, int, bool]] = []
+    stop = threading.Event()
+
+    def reader() -> None:
+        while not stop.is_set():
+            served = slot.current  # what a request does: read the reference once
+            seen.append((served.version, served.model["version"], set(served.model["weights"]) == {served.version}))
+
+    threads = [threading.Thread(target=reader) for _ in range(3)]
+    for t in threads:
+        t.start()
+    slot.start()
+    target["v"] = 2
+    deadline = time.time() + 10
+    while slot.current.version != 2 and time.time() < deadline:
+        time.sleep(0.01)
+    target["v"] = 3  # fails to load: version 2 keeps serving and the error is reported
+    while 3 not in loads and time.time() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.05)
+    stop.set()
+    slot.stop()
+    for t in threads:
+        t.join()
+    assert slot.current.version == 2 and "corrupt artifact" in slot.last_error
+    assert all(v == m and whole for v, m, whole in seen) and {v for v, _, _ in seen} == {1, 2}
