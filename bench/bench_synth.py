@@ -10,11 +10,9 @@ import argparse
 import json
 import os
 import platform
-import resource
 import subprocess
 import sys
 import tempfile
-import time
 
 CHILD = """
 import sys, time, json, resource

@@ -100,7 +100,6 @@ def collect(config: PlatformConfig, paths: Paths) -> dict[str, Any]:
 
 def _calibration_curves(config: PlatformConfig, paths: Paths, models: list[str], bins: int = 10) -> dict[str, Any]:
     """Reliability points per model and cell from each model's test predictions."""
-    import numpy as np
     import pandas as pd
 
     import pyarrow.dataset as ds

@@ -18,29 +18,13 @@ import pandas as pd
 from lattice.config import PlatformConfig
 from lattice.data import schema as S
 from lattice.paths import Paths
+from lattice.serving.client import requests_from_rows
 
 
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def requests_from_rows(config: PlatformConfig, rows: pd.DataFrame) -> list[dict[str, Any]]:
-    """Example rows -> /predict requests: entity keys plus the request-time features they logged."""
-    entity = {f.column for f in config.entity_features}
-    out = []
-    for r in rows.to_dict("records"):
-        feats: dict[str, Any] = {}
-        for c in S.sparse_columns(config):
-            if c not in entity and not pd.isna(r[c]):
-                feats[c] = int(r[c])
-        for c in S.dense_columns(config):
-            if r[S.present_column(c)] == 1:
-                feats[c] = float(r[c])
-        out.append({"request_id": str(r["example_id"]), "domain": r["domain"],
-                    "entities": {k: int(r[k]) for k in sorted(entity)}, "features": feats})
-    return out
 
 
 def offline_scores(config: PlatformConfig, paths: Paths, predictor, rows: pd.DataFrame) -> dict[str, np.ndarray]:

@@ -60,7 +60,7 @@ BAD_WEB = {
     f"3,2,{GOOD_TS},f,2.0,2": "bad_label",                          # label outside {0,1}
     f"3,2,{GOOD_TS},f,2.0,yes": "bad_label",
     f"3,2,{GOOD_TS},s,2.0,": "null_label",
-    f"3,2,not-a-time,f,2.0,1": "bad_timestamp",                    # unparseable
+    "3,2,not-a-time,f,2.0,1": "bad_timestamp",                    # unparseable
     "3,2,0,f,2.0,1": "timestamp_out_of_range",                     # 1970
     "3,2,4102444800,f,2.0,1": "timestamp_out_of_range",            # 2100
     f"3,2,{GOOD_TS},zz,2.0,1": "unknown_domain",                   # domain value not in the config

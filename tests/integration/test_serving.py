@@ -11,10 +11,10 @@ import httpx
 import numpy as np
 import pandas as pd
 import pytest
-import torch
 
 from lattice.data import schema as S
 from lattice.registry import ModelRegistry
+from lattice.serving.client import requests_from_rows
 from lattice.registry.stages import register
 from test_distill import copy_workdir, trained_workdir
 
@@ -73,21 +73,7 @@ def served(tmp_path_factory):
                "student@noteacher": other.version}}
 
 
-def _requests(config, rows: pd.DataFrame) -> list[dict]:
-    """Example rows -> /predict requests: entity keys, request-time features (absent ones left out)."""
-    entity = {f.column for f in config.entity_features}
-    out = []
-    for _, r in rows.iterrows():
-        feats = {}
-        for c in S.sparse_columns(config):
-            if c not in entity and not pd.isna(r[c]):
-                feats[c] = int(r[c])
-        for c in S.dense_columns(config):
-            if r[S.present_column(c)] == 1:
-                feats[c] = float(r[c])
-        out.append({"request_id": r["example_id"], "domain": r["domain"],
-                    "entities": {k: int(r[k]) for k in sorted(entity)}, "features": feats})
-    return out
+_requests = requests_from_rows
 
 
 def _offline(config, paths, model: str, rows: pd.DataFrame) -> dict[str, np.ndarray]:
