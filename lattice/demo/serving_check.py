@@ -85,6 +85,8 @@ def serving_check(config: PlatformConfig, paths: Paths, n_requests: int = 300) -
         latencies, got = [], {o: [] for o in config.objective_names}
         failures = 0
         with httpx.Client(timeout=30) as client:
+            for req in reqs[:3]:  # warm-up: the first calls pay for lazy initialisation, not serving
+                client.post(url + "/predict", json=req)
             for req in reqs:  # one request at a time, as a ranking service would call it
                 t = time.perf_counter()
                 resp = client.post(url + "/predict", json=req)
