@@ -27,16 +27,17 @@ def demo(spark, root, tmp_path_factory):
     config = config_with(root, "demo", {"data_root": str(raw), "workdir": str(tmp / "wd")}, tmp)
     manifest = generate(config, ROWS, raw, progress=False)
     paths = paths_for(config, tmp / "wd")
-    from lattice.cli import main
+    import subprocess
+    import sys
 
-    import contextlib
-    import io
-
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        rc = main(["features", config.source_file, "--workdir", str(paths.workdir)])
-    summary = json.loads((paths.workdir / "features_summary.json").read_text())
-    return {"config": config, "paths": paths, "manifest": manifest, "rc": rc, "stdout": out.getvalue(), "summary": summary}
+    # its own process, as a user runs it: state other test modules leave in this process
+    # (Airflow's logging and environment, an active Spark session) cannot leak into the run
+    res = subprocess.run([sys.executable, "-m", "lattice.cli", "features", config.source_file, "--workdir", str(paths.workdir)],
+                         cwd=root, capture_output=True, text=True, timeout=1500)
+    summary_file = paths.workdir / "features_summary.json"
+    assert summary_file.exists(), res.stdout[-3000:] + res.stderr[-3000:]
+    summary = json.loads(summary_file.read_text())
+    return {"config": config, "paths": paths, "manifest": manifest, "rc": res.returncode, "stdout": res.stdout, "summary": summary}
 
 
 def test_cli_reports_stages_and_reconciliation(demo):
