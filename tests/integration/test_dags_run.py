@@ -5,7 +5,6 @@ added domain and objective, and a missing stage failing its task loudly."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -15,7 +14,6 @@ from lattice.orchestration.tiny import write_tiny_config
 
 ROOT = Path(__file__).resolve().parents[2]
 apply_local_airflow_env(process_test_home())  # before Airflow is imported anywhere in this process
-os.environ["LATTICE_AIRFLOW_RETRIES"] = "0"  # a failing task fails the run now, not after back-off
 
 FEATURES = ["synth", "consolidate", "aggregates", "feast_apply", "training_set", "materialize"]
 CHAIN = [*FEATURES, "train", "evaluate", "register", "distill", "export", "promote"]
@@ -41,6 +39,9 @@ def _dags(monkeypatch, configs: Path) -> dict:
     from airflow.dag_processing.dagbag import DagBag
 
     monkeypatch.setenv("LATTICE_CONFIGS_DIR", str(configs))
+    # a failing task fails the run now, not after back-off (read when the DAG file is parsed;
+    # monkeypatch keeps it out of the other test modules)
+    monkeypatch.setenv("LATTICE_AIRFLOW_RETRIES", "0")
     bag = DagBag(dag_folder=str(ROOT / "dags"))
     assert bag.import_errors == {}
     return bag.dags

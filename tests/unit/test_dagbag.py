@@ -43,6 +43,7 @@ def _bag(monkeypatch, configs: Path):
     from airflow.dag_processing.dagbag import DagBag
 
     monkeypatch.setenv("LATTICE_CONFIGS_DIR", str(configs))
+    monkeypatch.delenv("LATTICE_AIRFLOW_RETRIES", raising=False)  # the shipped default, whatever ran before
     return DagBag(dag_folder=str(DAGS))
 
 
