@@ -75,26 +75,42 @@ def requests_from_window(config, paths, n: int) -> list[dict]:
 
 
 def http_bench(url: str, reqs: list[dict], singles: int, batches: int, batch_size: int = 256) -> dict:
-    import httpx
+    """One keep-alive connection from the standard library's HTTP client (httpx adds about 2 ms
+    per call on this machine, which would be measured as server latency)."""
+    import http.client
+    from urllib.parse import urlparse
 
-    with httpx.Client(timeout=60) as client:
-        for r in reqs[:20]:  # warm-up
-            client.post(url + "/predict", json=r).raise_for_status()
+    u = urlparse(url)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=60)
+    headers = {"Content-Type": "application/json"}
+
+    def post(body: bytes) -> None:
+        conn.request("POST", "/predict", body, headers)
+        resp = conn.getresponse()
+        data = resp.read()
+        if resp.status != 200:
+            raise RuntimeError(f"/predict answered {resp.status}: {data[:300]!r}")
+
+    bodies = [json.dumps(r).encode() for r in reqs]
+    try:
+        for b in bodies[:20]:  # warm-up
+            post(b)
         single = []
         for i in range(singles):
             t = time.perf_counter()
-            client.post(url + "/predict", json=reqs[i % len(reqs)]).raise_for_status()
+            post(bodies[i % len(bodies)])
             single.append((time.perf_counter() - t) * 1e3)
-        body = {"requests": reqs[:batch_size]}
-        client.post(url + "/predict", json=body).raise_for_status()
+        body = json.dumps({"requests": reqs[:batch_size]}).encode()
+        post(body)
         batch = []
         started = time.perf_counter()
         for _ in range(batches):
             t = time.perf_counter()
-            resp = client.post(url + "/predict", json=body)
-            resp.raise_for_status()
+            post(body)
             batch.append((time.perf_counter() - t) * 1e3)
         took = time.perf_counter() - started
+    finally:
+        conn.close()
     return {"single_ms": single, "batch_ms": batch, "predictions_per_s": batches * batch_size / took,
             "single_per_s": singles / (sum(single) / 1e3)}
 
@@ -103,10 +119,13 @@ def in_process_split(config, paths, reqs: list[dict]) -> dict:
     """Where a request's time goes inside the server: online lookup vs artifact (encode + forward)."""
     from lattice.export.predictor import Predictor
     from lattice.registry import CHAMPION, ModelRegistry
-    from lattice.serving.frame import request_table
+    from lattice.serving.frame import request_columns
     from lattice.serving.online import OnlineFeatures
     from lattice.serving.requests import PredictRequest
 
+    import torch
+
+    torch.set_num_threads(1)  # as `lattice serve` runs the model
     reg = ModelRegistry(config, paths)
     pred = Predictor.load(reg.download(reg.by_alias(CHAMPION)))
     online = OnlineFeatures(config, paths)
@@ -119,7 +138,7 @@ def in_process_split(config, paths, reqs: list[dict]) -> dict:
             t = time.perf_counter()
             aggs, _ = online.lookup([r.entities for r in parsed])
             t2 = time.perf_counter()
-            pred.predict_table(request_table(pred.config, parsed, aggs))
+            pred.predict_columns(request_columns(pred.config, parsed, aggs))
             t3 = time.perf_counter()
             look.append((t2 - t) * 1e3)
             model.append((t3 - t2) * 1e3)
@@ -150,6 +169,29 @@ def student_vs_teacher(config, paths) -> dict:
     return out
 
 
+def serve_and_measure(cfg_file: str, wd: Path, url: str, args, reqs: list[dict]) -> dict:
+    """Start `lattice serve` in its own process, wait until healthy, run the loop, stop it."""
+    import httpx
+
+    server = subprocess.Popen([sys.executable, "-m", "lattice.cli", "serve", cfg_file, "--workdir", str(wd), "--port", str(args.port),
+                               "--log-level", "warning"], cwd=ROOT)
+    try:
+        deadline = time.time() + 180
+        while True:
+            try:
+                if httpx.get(url + "/healthz").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.time() > deadline or server.poll() is not None:
+                raise RuntimeError("the server did not become healthy")
+            time.sleep(0.5)
+        return http_bench(url, reqs, args.singles, args.batches)
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", help="platform config of an existing run (with --workdir)")
@@ -173,30 +215,22 @@ def main() -> None:
     paths = Paths.for_config(config, wd)
     reqs = requests_from_window(config, paths, 256)
 
+    import yaml
+
     url = f"http://127.0.0.1:{args.port}"
-    server = subprocess.Popen([sys.executable, "-m", "lattice.cli", "serve", cfg_file, "--workdir", str(wd), "--port", str(args.port),
-                               "--log-level", "warning"], cwd=ROOT)
-    try:
-        import httpx
-
-        deadline = time.time() + 180
-        while True:
-            try:
-                if httpx.get(url + "/healthz").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.time() > deadline or server.poll() is not None:
-                raise RuntimeError("the server did not become healthy")
-            time.sleep(0.5)
-        res = http_bench(url, reqs, args.singles, args.batches)
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
-
-    print("\nHTTP /predict on loopback (server: `lattice serve`, one process; includes the Feast SQLite lookup)")
-    print(f"  single request  {percentiles(res['single_ms'])}   ({res['single_per_s']:,.0f} requests/s sequential, n={args.singles})")
-    print(f"  batch of 256    {percentiles(res['batch_ms'])}   ({res['predictions_per_s']:,.0f} predictions/s, n={args.batches})")
+    for label, cache_s in (("entity cache on (serving.feature_cache_seconds "
+                            f"{config.serving.feature_cache_seconds:g} s)", None),
+                           ("no cache: every request reads the Feast store", 0)):
+        run_cfg = cfg_file
+        if cache_s is not None:  # same config, cache off
+            data = config.model_dump(mode="json")
+            data["serving"]["feature_cache_seconds"] = cache_s
+            run_cfg = str(Path(tempfile.mkdtemp(prefix="lattice-bench-nocache-")) / f"{config.name}.yaml")
+            Path(run_cfg).write_text(yaml.safe_dump(data, sort_keys=False))
+        res = serve_and_measure(run_cfg, wd, url, args, reqs)
+        print(f"\nHTTP /predict on loopback (`lattice serve`, one process, Feast SQLite lookup): {label}")
+        print(f"  single request  {percentiles(res['single_ms'])}   ({res['single_per_s']:,.0f} requests/s sequential, n={args.singles})")
+        print(f"  batch of 256    {percentiles(res['batch_ms'])}   ({res['predictions_per_s']:,.0f} predictions/s, n={args.batches})")
     split = in_process_split(config, paths, reqs)
     print("  inside the server (p50):  " + "   ".join(
         f"{n} row(s): lookup {s['lookup_p50_ms']:.2f} ms + model {s['model_p50_ms']:.2f} ms" for n, s in split.items()))

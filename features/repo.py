@@ -4,7 +4,6 @@ domain, entity or aggregate in the YAML shows up as a new entity or view on the 
 
 from __future__ import annotations
 
-import datetime as dt
 from pathlib import Path
 
 import yaml
@@ -105,7 +104,7 @@ def feature_views(config: PlatformConfig, paths: Paths) -> list:
     views = []
     for agg in config.features.aggregates:
         views.append(FeatureView(
-            name=agg.name, entities=[ents[agg.entity]], ttl=dt.timedelta(days=config.feature_store.ttl_days),
+            name=agg.name, entities=[ents[agg.entity]], ttl=config.feature_store.ttl_timedelta(),
             schema=[Field(name=c, dtype=Float64 if kind == "rate" else Int64) for c, kind in feature_columns(agg)],
             source=_source(config, paths, agg.name), online=True,
             description=f"point-in-time {agg.objective} counts/rates per {agg.entity} over {', '.join(agg.windows)}",

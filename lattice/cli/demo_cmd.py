@@ -47,7 +47,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="run the whole platform end to end on synthetic data and write a report")
     p.add_argument("--config", default="configs/demo.yaml")
     p.add_argument("--workdir", default=None, help="work directory (default .lattice/demo); raw logs go to WORKDIR/raw")
-    p.add_argument("--rows", type=int, default=50_000, help="synthetic impressions to generate (quality needs 1M+; the default keeps the run short)")
+    p.add_argument("--rows", type=int, default=150_000, help="synthetic impressions to generate (quality needs 1M+; the default keeps the run short)")
     p.add_argument("--nproc", type=int, default=2, help="training processes for the sharded teacher")
     p.add_argument("--epochs", type=int, default=None, help="override training.epochs")
     p.add_argument("--requests", type=int, default=300, help="requests sent in the serving check")

@@ -15,6 +15,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 NAME_RE = r"^[a-z][a-z0-9_]*$"
+_TTL_RE = re.compile(r"^([1-9][0-9]*)([smhd])$")
 _WINDOW_RE = re.compile(r"^(\d+)([hd])$")
 
 
@@ -295,10 +296,38 @@ class Promotion(Strict):
 
 
 class FeatureStore(Strict):
-    offline_store: Literal["spark", "file"] = "file"
+    offline_store: Literal["spark", "file"] = "spark"
+    """Where `get_historical_features` runs: Spark (the session the pipeline already has) or
+    Feast's file store (dask, single process; slower, kept as a fallback)."""
     online_store: Literal["sqlite", "redis"] = "sqlite"
     redis_url: str = "localhost:6379"
-    ttl_days: int = Field(default=30, ge=1)
+    ttl: str = "1d"
+    """Feast feature-view TTL ('30s', '15m', '1h', '7d'): how far back `get_historical_features`
+    looks for an entity's latest row. The training set never needs a look-back (the aggregate
+    tables hold a row at the instant of every event); online reads do not use it."""
+    training_check_rows: int = Field(default=500, ge=0)
+    """Training-set rows re-fetched through Feast `get_historical_features` and compared value by
+    value with the bulk join (0: skip). Feast's join is quadratic per entity, hence a sample."""
+
+    @field_validator("ttl")
+    @classmethod
+    def _ttl(cls, v: str) -> str:
+        if not _TTL_RE.match(v):
+            raise ValueError(f"ttl {v!r} must be a number with a unit s, m, h or d, e.g. '1s' or '1h'")
+        return v
+
+    def ttl_timedelta(self) -> dt.timedelta:
+        n, unit = _TTL_RE.match(self.ttl).groups()  # type: ignore[union-attr]
+        return dt.timedelta(seconds=int(n) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[unit])
+
+
+class Serving(Strict):
+    feature_cache_seconds: float = Field(default=30.0, ge=0)
+    """How long the server keeps an entity's online features before reading the store again
+    (0: read the store on every request). Aggregates change when the feature stage
+    materializes (daily by default), so a short cache loses nothing and spares hot entities
+    (the Zipf head of users and ads) a store round trip per request."""
+    feature_cache_entries: int = Field(default=200_000, ge=1)
 
 
 class Registry(Strict):
@@ -369,6 +398,7 @@ class PlatformConfig(Strict):
     hashing: HashingConfig = Field(default_factory=HashingConfig)
     promotion: Promotion = Field(default_factory=Promotion)
     feature_store: FeatureStore = Field(default_factory=FeatureStore)
+    serving: Serving = Field(default_factory=Serving)
     registry: Registry = Field(default_factory=Registry)
     schedules: Schedules = Field(default_factory=Schedules)
     synthetic: Synthetic | None = None

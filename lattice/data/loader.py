@@ -91,7 +91,11 @@ def read_unit(unit: Unit, wanted: list[str]) -> tuple[pa.Table, dict[str, str]]:
 
 
 class RowEncoder:
-    """Arrow table -> dict of numpy arrays in model order (dense transformed, ids, masks...)."""
+    """Rows -> dict of numpy arrays in model order (dense transformed, ids, masks...).
+
+    Two entry points share one assembly step, so training, scoring and serving encode a row the
+    same way: `encode` takes an Arrow table (the training set), `assemble` takes numpy columns
+    (serving builds those straight from requests, without an Arrow table per request)."""
 
     def __init__(self, config: PlatformConfig, stats: DenseStats, with_truth: bool = False):
         self.config = config
@@ -100,53 +104,73 @@ class RowEncoder:
         self.domain_index = {d: i for i, d in enumerate(config.domain_names)}
         self.sparse = [(f.name, f.column) for f in config.features.sparse]
         objs = config.objective_names
+        self.targets = [S.label_column(o) for o in objs] + [S.mask_column(o) for o in objs] + (
+            [S.truth_column(o) for o in objs] if with_truth else [])
         self.columns = list(dict.fromkeys(
-            ["example_id", "domain"]
-            + [c for _, c in self.sparse]
-            + [c.column for c in stats.columns]
-            + [S.label_column(o) for o in objs] + [S.mask_column(o) for o in objs]
-            + ([S.truth_column(o) for o in objs] if with_truth else [])
+            ["example_id", "domain"] + [c for _, c in self.sparse] + [c.column for c in stats.columns] + self.targets
         ))
 
     def encode(self, tbl: pa.Table, partition: dict[str, str], keep: np.ndarray | None = None) -> dict[str, np.ndarray]:
         if keep is not None:
             tbl = tbl.take(pa.array(np.flatnonzero(keep)))
         n = tbl.num_rows
-        ids = _column(tbl, "example_id", partition)
-        dom = _column(tbl, "domain", partition)
+        names = set(tbl.column_names)
+
+        def col(name: str) -> pa.ChunkedArray | None:
+            if name in names:
+                return tbl.column(name)
+            if name in partition:
+                return pa.chunked_array([pa.array([partition[name]] * n)])
+            return None
+
+        ids, dom = col("example_id"), col("domain")
         if ids is None or dom is None:
             raise ValueError("the example table needs 'example_id' and 'domain' columns (see lattice.data.schema)")
-        dom_np = np.asarray(dom.to_numpy(zero_copy_only=False)).astype(str)
-        unknown = set(dom_np.tolist()) - set(self.domain_index)
-        if unknown:
-            raise ValueError(f"domain(s) {sorted(unknown)} in the table are not declared in the config's 'domains' "
-                             f"{self.config.domain_names}; add them to the config or rebuild the table")
-        out: dict[str, np.ndarray] = {
-            "example_id": np.asarray(ids.to_numpy(zero_copy_only=False)).astype(str),
-            "domain": np.vectorize(self.domain_index.__getitem__, otypes=[np.int64])(dom_np) if n else np.zeros(0, np.int64),
-        }
-        for name, col in self.sparse:
-            a = _column(tbl, col, partition)
-            if a is None:
-                out[f"id:{name}"] = np.zeros(n, np.int64)
-                out[f"has:{name}"] = np.zeros(n, bool)
-            else:
-                # fill_null before to_numpy: a nullable int64 would otherwise become float64 and lose ids > 2**53
-                out[f"id:{name}"] = pc.fill_null(a.cast(pa.int64()), 0).to_numpy().astype(np.int64)
-                out[f"has:{name}"] = pc.is_valid(a).to_numpy(zero_copy_only=False).astype(bool)
-        raw = {}
-        for c in self.stats.columns:
-            a = _column(tbl, c.column, partition)
+        sparse = {}
+        for _, c in self.sparse:
+            a = col(c)
             if a is not None:
-                raw[c.column] = pc.fill_null(a.cast(pa.float64()), 0.0).to_numpy()
-        out["dense"] = self.stats.apply(raw, n)
+                # fill_null before to_numpy: a nullable int64 would otherwise become float64 and lose ids > 2**53
+                sparse[c] = (pc.fill_null(a.cast(pa.int64()), 0).to_numpy().astype(np.int64),
+                             pc.is_valid(a).to_numpy(zero_copy_only=False).astype(bool))
+        dense = {}
+        for c in self.stats.columns:
+            a = col(c.column)
+            if a is not None:
+                dense[c.column] = pc.fill_null(a.cast(pa.float64()), 0.0).to_numpy()
+        targets = {}
+        for c in self.targets:
+            a = col(c)
+            if a is not None:
+                fill = np.nan if c.startswith("truth_") else 0.0
+                targets[c] = pc.fill_null(a.cast(pa.float32()), fill).to_numpy()
+        return self.assemble(np.asarray(ids.to_numpy(zero_copy_only=False)).astype(str),
+                             np.asarray(dom.to_numpy(zero_copy_only=False)).astype(str), sparse, dense, targets, n)
+
+    def assemble(self, example_id: np.ndarray, domain: np.ndarray, sparse: dict[str, tuple[np.ndarray, np.ndarray]],
+                 dense: dict[str, np.ndarray], targets: dict[str, np.ndarray], n: int) -> dict[str, np.ndarray]:
+        """Numpy columns -> model arrays. `sparse`: column -> (int64 ids, bool present); `dense`:
+        column -> raw float64 (nulls already 0); `targets`: label/mask/truth columns. Any column
+        left out is absent (empty bag, dense at the train mean, label masked)."""
+        try:
+            dom_idx = np.fromiter((self.domain_index[d] for d in domain.tolist()), np.int64, n)
+        except KeyError:
+            unknown = sorted(set(domain.tolist()) - set(self.domain_index))
+            raise ValueError(f"domain(s) {unknown} in the table are not declared in the config's 'domains' "
+                             f"{self.config.domain_names}; add them to the config or rebuild the table") from None
+        out: dict[str, np.ndarray] = {"example_id": example_id, "domain": dom_idx}
+        for name, col in self.sparse:
+            if col in sparse:
+                out[f"id:{name}"], out[f"has:{name}"] = sparse[col]
+            else:
+                out[f"id:{name}"], out[f"has:{name}"] = np.zeros(n, np.int64), np.zeros(n, bool)
+        out["dense"] = self.stats.apply(dense, n)
         for o in self.config.objective_names:
             for kind, col in (("label", S.label_column(o)), ("mask", S.mask_column(o))):
-                a = _column(tbl, col, partition)
-                out[f"{kind}:{o}"] = np.zeros(n, np.float32) if a is None else pc.fill_null(a.cast(pa.float32()), 0.0).to_numpy()
+                out[f"{kind}:{o}"] = targets[col] if col in targets else np.zeros(n, np.float32)
             if self.with_truth:
-                a = _column(tbl, S.truth_column(o), partition)
-                out[f"truth:{o}"] = np.full(n, np.nan, np.float32) if a is None else pc.fill_null(a.cast(pa.float32()), np.nan).to_numpy()
+                col = S.truth_column(o)
+                out[f"truth:{o}"] = targets[col] if col in targets else np.full(n, np.nan, np.float32)
         return out
 
 

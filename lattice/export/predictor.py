@@ -66,6 +66,16 @@ class Predictor:
     def predict_table(self, table: pa.Table) -> dict[str, np.ndarray]:
         return self.predict_batch(self.encode_table(table))
 
+    def predict_columns(self, cols) -> dict[str, np.ndarray]:
+        """Serving rows as numpy columns (`lattice.serving.frame.RequestColumns`) -> probabilities,
+        through the training encoder's assembly step."""
+        from lattice.data.loader import RowEncoder, to_batch
+
+        if self._encoder is None:
+            self._encoder = RowEncoder(self.config, self.stats)
+        arrs = self._encoder.assemble(cols.example_id, cols.domain, cols.sparse, cols.dense, {}, len(cols))
+        return self.predict_batch(to_batch(self.config, arrs))
+
     @torch.inference_mode()
     def predict_batch(self, batch) -> dict[str, np.ndarray]:
         out = self.module(batch.dense, batch.sparse, batch.domain)

@@ -62,9 +62,11 @@ def with_new_domain_and_objective(data: dict[str, Any], *, domain: str = "search
 
 
 def write_tiny_config(source: Path, folder: Path, *, data_root: Path, workdir: Path, name: str | None = None,
-                      new_domain_and_objective: bool = False) -> Path:
-    """Write a tiny copy of `source` into `folder` (as `<name>.yaml`) and return its path."""
+                      new_domain_and_objective: bool = False, overrides: dict[str, Any] | None = None) -> Path:
+    """Write a tiny copy of `source` into `folder` (as `<name>.yaml`) and return its path;
+    `overrides` replaces top-level sections (e.g. {"feature_store": {...}})."""
     data = tiny(yaml.safe_load(Path(source).read_text()), data_root=data_root, workdir=workdir, name=name)
+    data.update(overrides or {})
     if new_domain_and_objective:
         data = with_new_domain_and_objective(data)
     folder.mkdir(parents=True, exist_ok=True)

@@ -17,12 +17,12 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 
 from lattice.config import PlatformConfig
 from lattice.paths import Paths
-from lattice.serving.frame import request_table
+from lattice.serving.frame import request_columns
 from lattice.serving.online import OnlineFeatures
 from lattice.serving.requests import BatchRequest, Prediction, PredictRequest, PredictResponse, RequestError, RequestSchema
 from lattice.serving.slot import ModelSlot
@@ -87,23 +87,26 @@ class Server:
 
         self.slot: ModelSlot[Predictor] = ModelSlot(current, load, poll_seconds=poll_seconds)
         self.online = OnlineFeatures(config, paths)
+        if config.features.aggregates:
+            self.online.open()
 
     def score(self, reqs: list[PredictRequest]) -> PredictResponse:
         served = self.slot.current  # read once: this request sees one whole model
         if served is None:
             raise LookupError("no champion model is loaded yet")
         aggregates, unknown = self.online.lookup([r.entities for r in reqs])
-        probs = served.model.predict_table(request_table(served.model.config, reqs, aggregates))
-        objectives = list(probs)
+        probs = served.model.predict_columns(request_columns(served.model.config, reqs, aggregates))
+        values = {o: p.tolist() for o, p in probs.items()}  # python floats, one conversion per objective
+        # built from values this function produced itself: no need to validate them again
         preds = [
-            Prediction(
+            Prediction.model_construct(
                 request_id=r.request_id, domain=r.domain,
-                probabilities={o: float(probs[o][i]) for o in objectives},
+                probabilities={o: v[i] for o, v in values.items()},
                 unknown_entities=unknown[i],
             )
             for i, r in enumerate(reqs)
         ]
-        return PredictResponse(model_version=served.version, predictions=preds)
+        return PredictResponse.model_construct(model_version=served.version, predictions=preds)
 
 
 def create_app(config: PlatformConfig, paths: Paths, poll_seconds: float = 2.0) -> FastAPI:
@@ -132,9 +135,14 @@ def create_app(config: PlatformConfig, paths: Paths, poll_seconds: float = 2.0) 
         except RequestError as exc:
             return JSONResponse(status_code=422, content={"detail": str(exc)})
         try:
-            return await run_in_threadpool(server.score, reqs)
+            # Scored on the event loop, not in a worker thread: the work is CPU-bound under the
+            # GIL either way, and the thread hand-off cost more than a single row's lookup and
+            # forward. The response is serialised once here (the route's response_model only
+            # documents it), instead of FastAPI validating it again.
+            resp = server.score(reqs)
         except LookupError as exc:
             return JSONResponse(status_code=503, content={"detail": str(exc)})
+        return Response(content=resp.model_dump_json(), media_type="application/json")
 
     @app.get("/healthz")
     async def healthz() -> Any:

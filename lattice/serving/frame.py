@@ -1,12 +1,16 @@
-"""Requests -> Arrow rows in the training-set layout (consolidated columns + aggregates), so the
-served artifact encodes them with the training encoder and scores them exactly like offline rows.
+"""Requests -> rows in the training-set layout (consolidated columns + aggregates), so the served
+artifact encodes them with the training encoder and scores them exactly like offline rows.
 
 Raw ids go through the same `stable_id` as consolidation; an absent sparse feature is null and
 an absent dense feature is 0.0 with `<dense>_present = 0`, as for a domain that never logs it.
-Built column by column in Arrow (no pandas frame): this runs on every request.
+`request_columns` builds numpy columns for `RowEncoder.assemble` (the per-request path: no
+Arrow table or pandas frame); `request_table` is the same rows as an Arrow table, for tools
+and tests that work with tables.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
@@ -16,22 +20,49 @@ from lattice.data import schema as S
 from lattice.serving.requests import PredictRequest
 
 
+@dataclass
+class RequestColumns:
+    example_id: np.ndarray  # str
+    domain: np.ndarray  # str
+    sparse: dict[str, tuple[np.ndarray, np.ndarray]]  # column -> (int64 ids, bool present)
+    dense: dict[str, np.ndarray]  # column -> float64 (presence flags and aggregates included)
+
+    def __len__(self) -> int:
+        return len(self.domain)
+
+
 def _sparse_id(v: object) -> int | None:
     return None if v is None else S.stable_id(str(v))
 
 
-def request_table(config: PlatformConfig, reqs: list[PredictRequest], aggregates: dict[str, np.ndarray]) -> pa.Table:
+def request_columns(config: PlatformConfig, reqs: list[PredictRequest], aggregates: dict[str, np.ndarray]) -> RequestColumns:
     n = len(reqs)
-    cols: dict[str, pa.Array] = {
-        "example_id": pa.array([r.request_id or f"req{i}" for i, r in enumerate(reqs)], pa.string()),
-        "domain": pa.array([r.domain for r in reqs], pa.string()),
-    }
+    sparse = {}
     for c in S.sparse_columns(config):
-        cols[c] = pa.array([_sparse_id(r.entities[c] if c in r.entities else r.features.get(c)) for r in reqs], pa.int64())
+        vals = [_sparse_id(r.entities[c] if c in r.entities else r.features.get(c)) for r in reqs]
+        present = np.fromiter((v is not None for v in vals), bool, n)
+        sparse[c] = (np.fromiter((0 if v is None else v for v in vals), np.int64, n), present)
+    dense = {}
     for c in S.dense_columns(config):
         vals = [r.features.get(c) for r in reqs]
-        cols[c] = pa.array([0.0 if v is None else float(v) for v in vals], pa.float64())
-        cols[S.present_column(c)] = pa.array([0 if v is None else 1 for v in vals], pa.int8())
+        dense[c] = np.fromiter((0.0 if v is None else float(v) for v in vals), np.float64, n)
+        dense[S.present_column(c)] = np.fromiter((v is not None for v in vals), np.float64, n)
     for c in S.aggregate_columns(config):
-        cols[c] = pa.array(aggregates[c] if c in aggregates else np.zeros(n), pa.float64())
+        dense[c] = np.asarray(aggregates[c], np.float64) if c in aggregates else np.zeros(n)
+    return RequestColumns(
+        example_id=np.array([r.request_id or f"req{i}" for i, r in enumerate(reqs)], dtype=str),
+        domain=np.array([r.domain for r in reqs], dtype=str),
+        sparse=sparse, dense=dense,
+    )
+
+
+def request_table(config: PlatformConfig, reqs: list[PredictRequest], aggregates: dict[str, np.ndarray]) -> pa.Table:
+    rc = request_columns(config, reqs, aggregates)
+    cols: dict[str, pa.Array] = {"example_id": pa.array(rc.example_id.tolist(), pa.string()),
+                                 "domain": pa.array(rc.domain.tolist(), pa.string())}
+    for c, (ids, present) in rc.sparse.items():
+        cols[c] = pa.array(ids, pa.int64(), mask=~present)
+    flags = {S.present_column(c) for c in S.dense_columns(config)}
+    for c, v in rc.dense.items():
+        cols[c] = pa.array(v.astype(np.int8), pa.int8()) if c in flags else pa.array(v, pa.float64())
     return pa.table(cols)

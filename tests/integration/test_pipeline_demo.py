@@ -186,3 +186,25 @@ def test_data_docs_and_raw_suites(demo):
     from pathlib import Path
 
     assert Path(cons["paths"]["data_docs"]).is_file()
+
+
+def test_feast_cross_check_agrees_and_catches_a_wrong_value(demo, tmp_path):
+    """The training set's bulk (entity, instant) join agrees with Feast get_historical_features on
+    a sample; one shifted count makes the check fail instead of passing silently."""
+    from types import SimpleNamespace
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from pipelines.feast_jobs import TrainingSetMismatch, feast_cross_check
+
+    config, paths = demo["config"], demo["paths"]
+    assert demo["summary"]["stages"]["training_set"]["feast_check"]["mismatches"] == 0
+    assert feast_cross_check(config, paths, 1, 200)["mismatches"] == 0
+    ts = read_table(paths.training_set)
+    ts["user_click_count_7d"] += 1
+    (tmp_path / "ts").mkdir()
+    pq.write_table(pa.Table.from_pandas(ts, preserve_index=False), tmp_path / "ts" / "part.parquet")
+    wrong = SimpleNamespace(training_set=tmp_path / "ts", feast_repo=paths.feast_repo, workdir=paths.workdir)
+    with pytest.raises(TrainingSetMismatch, match="user_click_count_7d"):
+        feast_cross_check(config, wrong, 1, 200)

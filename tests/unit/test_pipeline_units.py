@@ -88,12 +88,13 @@ def test_feature_store_yaml_sqlite_redis_spark(tmp_path, demo):
     repo = write_repo(demo, paths)
     conf = yaml.safe_load((repo / "feature_store.yaml").read_text())
     assert conf["online_store"] == {"type": "sqlite", "path": str(tmp_path / "feast" / "data" / "online_store.db")}
-    assert conf["offline_store"] == {"type": "file"} and conf["project"] == "demo"
-    fs = demo.feature_store.model_copy(update={"online_store": "redis", "redis_url": "redis.local:6380", "offline_store": "spark"})
+    assert conf["offline_store"]["type"] == "spark" and conf["offline_store"]["spark_conf"]["spark.sql.session.timeZone"] == "UTC"
+    assert conf["project"] == "demo"
+    fs = demo.feature_store.model_copy(update={"online_store": "redis", "redis_url": "redis.local:6380", "offline_store": "file"})
     cfg = demo.model_copy(update={"feature_store": fs})
     conf = yaml.safe_load((write_repo(cfg, paths) / "feature_store.yaml").read_text())
     assert conf["online_store"] == {"type": "redis", "connection_string": "redis.local:6380"}
-    assert conf["offline_store"]["type"] == "spark" and conf["offline_store"]["spark_conf"]["spark.sql.session.timeZone"] == "UTC"
+    assert conf["offline_store"] == {"type": "file"}
 
 
 def test_feast_objects_built_from_config(tmp_path, demo):
