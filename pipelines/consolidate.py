@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import shutil
 import time
 import uuid
 from collections import defaultdict
@@ -42,6 +43,33 @@ def run_window(config: PlatformConfig, start: str | None, end: str | None) -> tu
     if hi <= lo:
         raise ValueError(f"--end ({hi}) must be after --start ({lo}); the end date is exclusive")
     return dt.datetime.combine(lo, dt.time()), dt.datetime.combine(hi, dt.time())
+
+
+def remove_stale_partitions(root: Path, window: tuple[dt.datetime, dt.datetime] | None, domains: list[str],
+                            written: set[tuple[str, str]]) -> list[str]:
+    """Delete the (date, domain) partitions inside this run's scope (its window, or the whole
+    table without one, and its domains) that the run did not write. Dynamic overwrite replaces
+    only the partitions a run produces rows for: a date whose source rows are gone (moved,
+    deleted, all quarantined) would otherwise keep its old rows."""
+    removed: list[str] = []
+    if not root.is_dir():
+        return removed
+    for day_dir in sorted(root.glob("date=*")):
+        day = day_dir.name.split("=", 1)[1]
+        try:
+            d = dt.date.fromisoformat(day)
+        except ValueError:
+            continue
+        if window and not (window[0].date() <= d < window[1].date()):
+            continue
+        for part in sorted(day_dir.glob("domain=*")):
+            domain = part.name.split("=", 1)[1]
+            if domain in domains and (day, domain) not in written:
+                shutil.rmtree(part)
+                removed.append(f"date={day}/domain={domain}")
+        if not any(day_dir.iterdir()):
+            day_dir.rmdir()
+    return removed
 
 
 def _check_domains(config: PlatformConfig, domains: list[str] | None) -> list[str]:
@@ -190,6 +218,8 @@ def ingest_and_consolidate(config: PlatformConfig, paths: Paths, start: str | No
     # ---- the table itself: replaces exactly the (date, domain) partitions of this run
     t = time.perf_counter()
     good.write.mode("overwrite").partitionBy("date", "domain").parquet(str(paths.consolidated))
+    written_pairs = {(str(r["date"]), r["domain"]) for r in grouped if r["_status"] == "out"}
+    removed = remove_stale_partitions(paths.consolidated, window, run_domains, written_pairs)
     timings["write_consolidated"] = time.perf_counter() - t
     tagged.unpersist()
 
@@ -221,6 +251,7 @@ def ingest_and_consolidate(config: PlatformConfig, paths: Paths, start: str | No
 
     timings["total"] = time.perf_counter() - t0
     summary.update({"status": "ok", "reconciliation": recon, "totals": total, "partitions": sorted(out_dates),
+                    "removed_partitions": removed,
                     "timings": {k: round(v, 3) for k, v in timings.items()}})
     _write_json(paths.validation / f"run-{run_id}.json", summary)
     return summary

@@ -173,6 +173,26 @@ def test_source_that_lost_a_column_since_last_run_is_rejected(bad_run):
         ingest_and_consolidate(config, paths)
 
 
+def test_rerun_removes_a_partition_whose_rows_are_gone(spark, tmp_path):
+    """Re-running a window replaces its partitions, also with nothing: video's rows moved from
+    01-03 to 01-04 upstream, so the old 01-03 video partition must not survive next to them."""
+    from pipelines.consolidate import ingest_and_consolidate
+
+    config, paths = build(tmp_path)
+    first = ingest_and_consolidate(config, paths)
+    assert (paths.consolidated / "date=2026-01-03" / "domain=video").is_dir() and first["removed_partitions"] == []
+    moved = [{"viewer": i % 4 + 1, "creative": 9, "when": f"2026-01-04T0{i % 9}:00:00Z", "click": i % 2, "conv": 0}
+             for i in range(5)]
+    jsonl(tmp_path / "data" / "video" / "v.jsonl", moved)
+    res = ingest_and_consolidate(config, paths, start="2026-01-03", end="2026-01-05", domains=["video"])
+    assert res["removed_partitions"] == ["date=2026-01-03/domain=video"]
+    assert res["totals"]["balanced"] and res["totals"]["rows_out"] == 5
+    df = read_table(paths.consolidated)
+    video = df[df.domain == "video"]
+    assert len(video) == 5 and set(video.date.astype(str)) == {"2026-01-04"}
+    assert len(df[df.domain != "video"]) == 41  # other domains and dates untouched
+
+
 def test_table_level_failure_stops_the_run_with_a_report(spark, tmp_path, capsys):
     from lattice.cli import main
 

@@ -99,3 +99,58 @@ def test_slot_swaps_whole_models_and_survives_a_failed_load():
         t.join()
     assert slot.current.version == 2 and "corrupt artifact" in slot.last_error
     assert all(v == m and whole for v, m, whole in seen) and {v for v, _, _ in seen} == {1, 2}
+
+
+class _FakeProvider:
+    """Stands in for Feast's provider: answers online_read from a dict and counts reads."""
+
+    def __init__(self, rows: dict[int, dict[str, float]]):
+        self.rows, self.reads = rows, []
+
+    def online_read(self, config, table, entity_keys, requested_features):
+        from feast.protos.feast.types.Value_pb2 import Value
+
+        out = []
+        for k in entity_keys:
+            i = k.entity_values[0].int64_val
+            self.reads.append((table, i))
+            vals = self.rows.get(i)
+            out.append((None, None if vals is None else {f: Value(double_val=vals[f]) for f in requested_features}))
+        return out
+
+
+def _online(config, cache_seconds: float, rows: dict[int, dict[str, float]]):
+    from types import SimpleNamespace
+
+    from lattice.paths import Paths
+    from lattice.serving.online import OnlineFeatures
+
+    cfg = config.model_copy(update={"serving": config.serving.model_copy(update={"feature_cache_seconds": cache_seconds})})
+    online = OnlineFeatures(cfg, Paths(workdir=ROOT, data_root=ROOT))
+    provider = _FakeProvider(rows)
+    online._store, online._provider = SimpleNamespace(config=None), provider
+    # one view per entity key, each with every aggregate column of that key
+    online._views = [(SimpleNamespace(name=f"{key}_view"), key, [c for c, k in online.columns.items() if k == key])
+                     for key in online.entity_keys]
+    return online, provider
+
+
+def test_online_cache_reads_each_entity_once_and_flags_unknown_ones(config):
+    from lattice.data import schema as S
+
+    known = {7: {c: 2.0 for c in S.aggregate_columns(config)}}
+    online, provider = _online(config, 30.0, known)
+    ents = [{"user_id": 7, "ad_id": 7}, {"user_id": 8, "ad_id": 7}]
+    aggs, unknown = online.lookup(ents)
+    assert aggs["user_click_count_7d"].tolist() == [2.0, 0.0] and aggs["ad_click_rate_1d"].tolist() == [2.0, 2.0]
+    assert unknown == [[], ["user_id"]]
+    first = len(provider.reads)
+    assert first == 3  # user 7, user 8, ad 7: each read once though ad 7 appears twice
+    again, unknown_again = online.lookup(ents)
+    assert len(provider.reads) == first and unknown_again == unknown  # all from the cache
+    assert all((again[c] == aggs[c]).all() for c in aggs)
+
+    uncached, provider = _online(config, 0, known)
+    uncached.lookup(ents)
+    uncached.lookup(ents)
+    assert len(provider.reads) == 6  # cache off: the store answers every request
