@@ -31,22 +31,35 @@ class RequestColumns:
         return len(self.domain)
 
 
-def _sparse_id(v: object) -> int | None:
-    return None if v is None else S.stable_id(str(v))
+def _ids(values: list) -> tuple[np.ndarray, np.ndarray]:
+    """Raw sparse values -> (int64 ids, present). An int is its own id (`stable_id(str(i)) == i`),
+    so only strings are hashed."""
+    n = len(values)
+    ids = np.zeros(n, np.int64)
+    present = np.ones(n, bool)
+    for i, v in enumerate(values):
+        if type(v) is int:
+            ids[i] = v
+        elif v is None:
+            present[i] = False
+        else:
+            ids[i] = S.stable_id(str(v))
+    return ids, present
 
 
-def request_columns(config: PlatformConfig, reqs: list[PredictRequest], aggregates: dict[str, np.ndarray]) -> RequestColumns:
+def request_columns(config: PlatformConfig, reqs: list, aggregates: dict[str, np.ndarray]) -> RequestColumns:
+    """`reqs`: anything with PredictRequest's attributes (the pydantic model or the wire struct)."""
     n = len(reqs)
+    entity = {f.column for f in config.entity_features}
     sparse = {}
     for c in S.sparse_columns(config):
-        vals = [_sparse_id(r.entities[c] if c in r.entities else r.features.get(c)) for r in reqs]
-        present = np.fromiter((v is not None for v in vals), bool, n)
-        sparse[c] = (np.fromiter((0 if v is None else v for v in vals), np.int64, n), present)
+        sparse[c] = _ids([r.entities[c] for r in reqs] if c in entity else [r.features.get(c) for r in reqs])
     dense = {}
     for c in S.dense_columns(config):
         vals = [r.features.get(c) for r in reqs]
-        dense[c] = np.fromiter((0.0 if v is None else float(v) for v in vals), np.float64, n)
-        dense[S.present_column(c)] = np.fromiter((v is not None for v in vals), np.float64, n)
+        present = np.array([v is not None for v in vals], np.float64)
+        dense[c] = np.array([0.0 if v is None else v for v in vals], np.float64)
+        dense[S.present_column(c)] = present
     for c in S.aggregate_columns(config):
         dense[c] = np.asarray(aggregates[c], np.float64) if c in aggregates else np.zeros(n)
     return RequestColumns(

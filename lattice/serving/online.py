@@ -2,25 +2,25 @@
 
 Returns the aggregate columns for each request's entities; an entity the store has never seen
 gets the defaults training used for an entity without history (0 for every count and rate) and
-is listed in the response's `unknown_entities`. Values read from the store are kept for
-`serving.feature_cache_seconds` per (feature view, entity), unknown entities included.
+is listed in the response's `unknown_entities`. Values read from the store are cached per
+(feature view, entity), unknown entities included; the cache is emptied every
+`serving.feature_cache_seconds` (and when it holds `serving.feature_cache_entries`), so no value
+served is older than that, and a hit costs one dict lookup.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 
 import numpy as np
-from cachetools import TTLCache
 
 from lattice.config import PlatformConfig
 from lattice.data import schema as S
 from lattice.paths import Paths
 
 log = logging.getLogger(__name__)
-
-_MISS = object()
 
 
 class OnlineFeatures:
@@ -36,11 +36,13 @@ class OnlineFeatures:
         self.entity_keys = sorted(set(self.columns.values()))
         self._store = None
         self._provider = None
+        self._sqlite = None  # SqliteOnlineReader when the online store is Feast's SQLite
         self._views: list = []
         self._lock = threading.Lock()
-        sv = config.serving
-        self._cache: TTLCache | None = (
-            TTLCache(maxsize=sv.feature_cache_entries, ttl=sv.feature_cache_seconds) if sv.feature_cache_seconds > 0 else None)
+        self._cache_seconds = config.serving.feature_cache_seconds
+        self._cache_entries = config.serving.feature_cache_entries
+        self._cache: dict[str, dict[int, np.ndarray]] = {}  # view -> entity id -> values (NaN = absent)
+        self._cache_until = 0.0
         self.reads = 0  # entity reads that went to the store (the rest came from the cache)
 
     def _open(self) -> None:
@@ -58,6 +60,14 @@ class OnlineFeatures:
         except Exception as exc:  # another Feast version: fall back to the public (slower) call
             log.warning("direct online reads unavailable (%s); using get_online_features", exc)
             self._provider = None
+            return
+        if self._store.config.online_store.type == "sqlite":
+            from lattice.serving.sqlite_online import SqliteOnlineReader
+
+            try:
+                self._sqlite = SqliteOnlineReader(self._store.config, [v for v, _, _ in self._views])
+            except Exception as exc:  # no database yet, another layout: the provider still works
+                log.warning("batch SQLite reads unavailable (%s); reading through Feast's online_read", exc)
 
     def open(self) -> None:
         """Open the store now (the server calls this at startup, so the first request does not
@@ -66,78 +76,89 @@ class OnlineFeatures:
             if self._store is None:
                 self._open()
 
-    def _fetch(self, rows: list[dict[str, int]]) -> dict[str, list]:
+    def _fetch(self, ids: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """entity key -> (n,) int64 ids  =>  aggregate column -> (n,) float64, NaN where absent."""
         from features.store import online_features
 
         with self._lock:  # one SQLite connection is shared by the request threads
             if self._store is None:  # opening the store reads its registry: once per process, not per request
                 self._open()
             if self._provider is None:
+                n = len(next(iter(ids.values())))
+                rows = [{k: int(v[i]) for k, v in ids.items()} for i in range(n)]
                 got = online_features(self.config, self.paths, rows, store=self._store)
-                return {c: got[c] for c in self.columns}
-            return self._read_direct(rows)
+                return {c: np.array([np.nan if v is None else float(v) for v in got[c]], np.float64) for c in self.columns}
+            return self._read_direct(ids)
 
-    def _read_direct(self, rows: list[dict[str, int]]) -> dict[str, list]:
-        out: dict[str, list] = {}
+    def _view_cache(self, name: str) -> dict[int, np.ndarray] | None:
+        if self._cache_seconds <= 0:
+            return None
+        now = time.monotonic()
+        if now >= self._cache_until or sum(map(len, self._cache.values())) >= self._cache_entries:
+            self._cache = {}
+            self._cache_until = now + self._cache_seconds
+        return self._cache.setdefault(name, {})
+
+    def _read_direct(self, ids: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        out: dict[str, np.ndarray] = {}
         for view, key, feats in self._views:
-            ids = [int(r[key]) for r in rows]
-            got: dict[int, tuple | None] = {}
-            missing = []
-            for i in dict.fromkeys(ids):  # a batch often repeats an entity: read it once
-                hit = self._cache.get((view.name, i), _MISS) if self._cache is not None else _MISS
-                if hit is _MISS:
-                    missing.append(i)
-                else:
-                    got[i] = hit
+            uniq, inverse = np.unique(ids[key], return_inverse=True)  # a batch often repeats an entity: read it once
+            keys = uniq.tolist()
+            cache = self._view_cache(view.name)
+            rows = [cache.get(i) for i in keys] if cache is not None else [None] * len(keys)
+            missing = [i for i, r in zip(keys, rows) if r is None]
             if missing:
                 fresh = self._read_view(view, key, feats, missing)
-                got.update(fresh)
-                if self._cache is not None:
-                    for i, values in fresh.items():
-                        self._cache[(view.name, i)] = values
+                if cache is not None:
+                    cache.update(fresh)
+                rows = [fresh[i] if r is None else r for i, r in zip(keys, rows)]
+            matrix = np.vstack(rows)[inverse.reshape(-1)]
             for j, f in enumerate(feats):
-                out[f] = [None if got[i] is None else got[i][j] for i in ids]
+                out[f] = matrix[:, j]
         return out
 
-    def _read_view(self, view, key: str, feats: list[str], ids: list[int]) -> dict[int, tuple | None]:
-        """entity id -> feature values in `feats` order (None for an entity the store lacks)."""
+    def _read_view(self, view, key: str, feats: list[str], ids: list[int]) -> dict[int, np.ndarray]:
+        """entity id -> feature values in `feats` order (all NaN for an entity the store lacks)."""
         from feast.protos.feast.types.EntityKey_pb2 import EntityKey
         from feast.protos.feast.types.Value_pb2 import Value
 
         self.reads += len(ids)
+        if self._sqlite is not None:
+            return self._sqlite.read(view.name, key, feats, ids)
         keys = [EntityKey(join_keys=[key], entity_values=[Value(int64_val=i)]) for i in ids]
         got = self._provider.online_read(config=self._store.config, table=view, entity_keys=keys, requested_features=feats)
-        out: dict[int, tuple | None] = {}
+        out: dict[int, np.ndarray] = {}
         for i, (_, values) in zip(ids, got):
-            if not values:
-                out[i] = None
-                continue
-            row = []
-            for f in feats:
-                v = values.get(f)
+            row = np.full(len(feats), np.nan)
+            for j, f in enumerate(feats):
+                v = (values or {}).get(f)
                 kind = v.WhichOneof("val") if v is not None else None
-                row.append(None if kind is None else getattr(v, kind))
-            out[i] = tuple(row)
+                if kind is not None:
+                    row[j] = float(getattr(v, kind))
+            out[i] = row
         return out
 
     def lookup(self, entities: list[dict[str, object]]) -> tuple[dict[str, np.ndarray], list[list[str]]]:
-        """-> (aggregate column -> (n,) values with defaults filled in, unknown entity keys per request)."""
-        n = len(entities)
+        """Raw entity keys per request -> see `lookup_ids`."""
+        ids = {k: np.array([S.stable_id(str(e[k])) for e in entities], np.int64) for k in self.entity_keys}
+        return self.lookup_ids(ids, len(entities))
+
+    def lookup_ids(self, ids: dict[str, np.ndarray], n: int | None = None) -> tuple[dict[str, np.ndarray], list[list[str]]]:
+        """entity key -> (n,) hashed ids  =>  (aggregate column -> (n,) values with defaults filled
+        in, unknown entity keys per request)."""
+        n = len(next(iter(ids.values()))) if n is None else n
         unknown: list[list[str]] = [[] for _ in range(n)]
         if not self.columns:
             return {}, unknown
-        rows = [{k: S.stable_id(str(e[k])) for k in self.entity_keys} for e in entities]
-        got = self._fetch(rows)
+        got = self._fetch(ids)
         out: dict[str, np.ndarray] = {}
         for c in self.columns:
-            vals = got.get(c)
-            if vals is None:
+            if c not in got:
                 raise KeyError(f"the online store returned no column {c!r}; re-run the feature stage (feast apply + materialize)")
-            out[c] = np.fromiter((np.nan if v is None else float(v) for v in vals), np.float64, n)
+            out[c] = got[c]
         for key in self.entity_keys:
             missing = np.all(np.stack([np.isnan(out[c]) for c, k in self.columns.items() if k == key]), axis=0)
-            for i in np.flatnonzero(missing):
+            for i in np.flatnonzero(missing).tolist():
                 unknown[i].append(key)
-        for v in out.values():
-            v[np.isnan(v)] = 0.0
-        return out, unknown
+        # copies: the columns share rows with the cache, which must keep its NaNs
+        return {c: np.nan_to_num(v, nan=0.0) for c, v in out.items()}, unknown

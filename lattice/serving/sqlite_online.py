@@ -1,0 +1,89 @@
+"""Batch reads of Feast's SQLite online store, for the server's hot path.
+
+Feast's `SqliteOnlineStore.online_read` converts every row's event timestamp to a timezone-aware
+datetime and builds a dict of protobuf values per entity: with a 256-request batch that is
+about 18 ms per feature view, most of the serving time. The server needs neither the timestamps
+nor the dicts, so this reader runs the same SELECT on the same table (Feast's table name and
+entity-key encoding, read through Feast's own helpers) on a read-only connection, and parses
+each value into a float matrix. `tests/integration/test_serving.py` checks it returns exactly
+what Feast's `online_read` returns on a materialized store.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import struct
+
+import numpy as np
+
+
+class SqliteOnlineReader:
+    def __init__(self, repo_config, views: list) -> None:
+        from feast.infra.online_stores.helpers import compute_table_id
+        from feast.infra.online_stores.sqlite import SqliteOnlineStore
+
+        path = SqliteOnlineStore._get_db_path(repo_config)
+        # read-only, no type converters (the timestamps are not read); the server's lock
+        # serialises use across threads
+        self._conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, check_same_thread=False)
+        versioning = bool(getattr(repo_config.registry, "enable_online_feature_view_versioning", False))
+        self._tables = {v.name: compute_table_id(repo_config.project, v, versioning) for v in views}
+        self._key_version = repo_config.entity_key_serialization_version
+        self._templates: dict[str, tuple[bytes, bytes] | None] = {}
+
+    def _feast_key(self, join_key: str, i: int) -> bytes:
+        from feast.infra.key_encoding_utils import serialize_entity_key
+        from feast.protos.feast.types.EntityKey_pb2 import EntityKey
+        from feast.protos.feast.types.Value_pb2 import Value
+
+        return serialize_entity_key(EntityKey(join_keys=[join_key], entity_values=[Value(int64_val=i)]),
+                                    entity_key_serialization_version=self._key_version)
+
+    def _template(self, join_key: str) -> tuple[bytes, bytes] | None:
+        """A single int64 key serialises as prefix + little-endian int64 + suffix; found once per
+        join key from Feast's own encoder and kept only if it reproduces Feast for sample ids
+        (otherwise every key goes through Feast's encoder, at ~20 us per key)."""
+        if join_key not in self._templates:
+            probe = 0x0102030405060708  # bytes that occur nowhere else in the key
+            key, packed = self._feast_key(join_key, probe), struct.pack("<q", probe)
+            at = key.find(packed) if key.count(packed) == 1 else -1
+            found = (key[:at], key[at + 8:]) if at >= 0 else None
+            if found and any(found[0] + struct.pack("<q", i) + found[1] != self._feast_key(join_key, i)
+                             for i in (1, -1, 123456789, 2**62 + 7)):
+                found = None
+            self._templates[join_key] = found
+        return self._templates[join_key]
+
+    def _keys(self, join_key: str, ids: list[int]) -> list[bytes]:
+        t = self._template(join_key)
+        if t is None:
+            return [self._feast_key(join_key, i) for i in ids]
+        pre, post = t
+        return [pre + struct.pack("<q", i) + post for i in ids]
+
+    def read(self, view_name: str, join_key: str, feats: list[str], ids: list[int]) -> dict[int, np.ndarray]:
+        """entity id -> values in `feats` order (NaN where the store has no value; all NaN for an
+        entity it has never seen)."""
+        from feast.protos.feast.types.Value_pb2 import Value
+
+        keys = self._keys(join_key, ids)
+        by_key = dict(zip(keys, ids))
+        column = {f: j for j, f in enumerate(feats)}
+        out = {i: np.full(len(feats), np.nan) for i in ids}
+        table = self._tables[view_name].replace('"', '""')
+        rows = self._conn.execute(
+            f'SELECT entity_key, feature_name, value FROM "{table}" WHERE entity_key IN ({",".join("?" * len(keys))})',
+            keys).fetchall()
+        v = Value()
+        for key, name, blob in rows:
+            j = column.get(name)
+            if j is None:
+                continue
+            v.ParseFromString(blob)
+            kind = v.WhichOneof("val")
+            if kind is not None:
+                out[by_key[key]][j] = float(getattr(v, kind))
+        return out
+
+    def close(self) -> None:
+        self._conn.close()
