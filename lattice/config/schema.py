@@ -236,6 +236,7 @@ class Models(Strict):
 
 class Training(Strict):
     batch_size: int = Field(default=1024, ge=1)
+    """Examples per optimizer step over all ranks (each of N ranks loads batch_size / N)."""
     epochs: int = Field(default=2, ge=1)
     lr_dense: float = Field(default=1e-3, gt=0)
     lr_sparse: float = Field(default=0.05, gt=0)

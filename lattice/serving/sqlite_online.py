@@ -26,6 +26,9 @@ class SqliteOnlineReader:
         # read-only, no type converters (the timestamps are not read); the server's lock
         # serialises use across threads
         self._conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, check_same_thread=False)
+        # reads are random over the entity index: map the file and keep a large page cache
+        self._conn.execute("PRAGMA mmap_size = 1073741824")
+        self._conn.execute("PRAGMA cache_size = -131072")
         versioning = bool(getattr(repo_config.registry, "enable_online_feature_view_versioning", False))
         self._tables = {v.name: compute_table_id(repo_config.project, v, versioning) for v in views}
         self._key_version = repo_config.entity_key_serialization_version
@@ -64,26 +67,42 @@ class SqliteOnlineReader:
     def read(self, view_name: str, join_key: str, feats: list[str], ids: list[int]) -> dict[int, np.ndarray]:
         """entity id -> values in `feats` order (NaN where the store has no value; all NaN for an
         entity it has never seen)."""
-        from feast.protos.feast.types.Value_pb2 import Value
-
         keys = self._keys(join_key, ids)
-        by_key = dict(zip(keys, ids))
+        row_of = {k: r for r, k in enumerate(keys)}
         column = {f: j for j, f in enumerate(feats)}
-        out = {i: np.full(len(feats), np.nan) for i in ids}
+        matrix = np.full((len(ids), len(feats)), np.nan)
         table = self._tables[view_name].replace('"', '""')
         rows = self._conn.execute(
             f'SELECT entity_key, feature_name, value FROM "{table}" WHERE entity_key IN ({",".join("?" * len(keys))})',
             keys).fetchall()
-        v = Value()
         for key, name, blob in rows:
             j = column.get(name)
-            if j is None:
-                continue
-            v.ParseFromString(blob)
-            kind = v.WhichOneof("val")
-            if kind is not None:
-                out[by_key[key]][j] = float(getattr(v, kind))
-        return out
+            if j is not None:
+                matrix[row_of[key], j] = _number(blob)
+        return dict(zip(ids, matrix))  # rows of one matrix: no per-entity allocation
 
     def close(self) -> None:
         self._conn.close()
+
+
+_DOUBLE, _INT64 = 0x29, 0x20  # Value proto tags: double_val (field 5, fixed64), int64_val (field 4, varint)
+
+
+def _number(blob: bytes) -> float:
+    """A serialized feast Value -> float. The aggregates are int64 counts and double rates, so
+    those two are decoded directly (about 5x faster than a protobuf parse per value); any other
+    type goes through protobuf."""
+    if blob and blob[0] == _DOUBLE and len(blob) == 9:
+        return struct.unpack_from("<d", blob, 1)[0]
+    if blob and blob[0] == _INT64 and len(blob) <= 11:
+        n, shift = 0, 0
+        for b in blob[1:]:
+            n |= (b & 0x7F) << shift
+            shift += 7
+        return float(n - (1 << 64) if n >= 1 << 63 else n)
+    from feast.protos.feast.types.Value_pb2 import Value
+
+    v = Value()
+    v.ParseFromString(blob)
+    kind = v.WhichOneof("val")
+    return np.nan if kind is None else float(getattr(v, kind))

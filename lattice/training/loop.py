@@ -116,8 +116,11 @@ class Trainer:
 
     # ------------------------------------------------------------ data
     def loader(self, split: str, with_truth: bool = False) -> BatchLoader:
-        return BatchLoader(self.config, Path(self.spec.table), self.stats, split, rank=self.rank, world_size=self.world,
-                           seed=self.spec.seed, teacher_scores=self.spec.teacher_scores if split == "train" else None,
+        # training.batch_size is the global batch: N ranks take 1/N each, so a config trains with
+        # the same number of optimizer steps per epoch on 1 rank or on 8
+        per_rank = max(1, self.config.training.batch_size // self.world)
+        return BatchLoader(self.config, Path(self.spec.table), self.stats, split, batch_size=per_rank, rank=self.rank,
+                           world_size=self.world, seed=self.spec.seed, teacher_scores=self.spec.teacher_scores if split == "train" else None,
                            with_truth=with_truth)
 
     # ------------------------------------------------------------ checkpoints

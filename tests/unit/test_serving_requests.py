@@ -154,3 +154,18 @@ def test_online_cache_reads_each_entity_once_and_flags_unknown_ones(config):
     uncached.lookup(ents)
     uncached.lookup(ents)
     assert len(provider.reads) == 6  # cache off: the store answers every request
+
+
+@pytest.mark.parametrize("field, value", [("int64_val", 0), ("int64_val", 300), ("int64_val", -7), ("int64_val", 2**62 + 3),
+                                          ("double_val", 0.25), ("double_val", -0.0), ("float_val", 1.5), ("int32_val", 9),
+                                          ("bool_val", True), (None, None)])
+def test_online_value_decoding_matches_protobuf(field, value):
+    """The SQLite reader's direct decoding of int64 and double values equals a protobuf parse."""
+    import math
+
+    from feast.protos.feast.types.Value_pb2 import Value
+
+    from lattice.serving.sqlite_online import _number
+
+    got = _number((Value(**{field: value}) if field else Value()).SerializeToString())
+    assert math.isnan(got) if field is None else got == float(value)
