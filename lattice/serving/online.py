@@ -19,6 +19,7 @@ import numpy as np
 from lattice.config import PlatformConfig
 from lattice.data import schema as S
 from lattice.paths import Paths
+from lattice.serving.sqlite_online import SqliteOnlineReader, value_number
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +63,6 @@ class OnlineFeatures:
             self._provider = None
             return
         if self._store.config.online_store.type == "sqlite":
-            from lattice.serving.sqlite_online import SqliteOnlineReader
 
             try:
                 self._sqlite = SqliteOnlineReader(self._store.config, [v for v, _, _ in self._views])
@@ -129,13 +129,7 @@ class OnlineFeatures:
         got = self._provider.online_read(config=self._store.config, table=view, entity_keys=keys, requested_features=feats)
         out: dict[int, np.ndarray] = {}
         for i, (_, values) in zip(ids, got):
-            row = np.full(len(feats), np.nan)
-            for j, f in enumerate(feats):
-                v = (values or {}).get(f)
-                kind = v.WhichOneof("val") if v is not None else None
-                if kind is not None:
-                    row[j] = float(getattr(v, kind))
-            out[i] = row
+            out[i] = np.array([value_number((values or {}).get(f)) for f in feats], np.float64)
         return out
 
     def lookup(self, entities: list[dict[str, object]]) -> tuple[dict[str, np.ndarray], list[list[str]]]:

@@ -104,5 +104,10 @@ def _number(blob: bytes) -> float:
 
     v = Value()
     v.ParseFromString(blob)
-    kind = v.WhichOneof("val")
+    return value_number(v)
+
+
+def value_number(v) -> float:
+    """A feast Value proto (or None) -> float; NaN when no value is set."""
+    kind = v.WhichOneof("val") if v is not None else None
     return np.nan if kind is None else float(getattr(v, kind))
