@@ -120,7 +120,8 @@ def http_bench(url: str, reqs: list[dict], singles: int, batches: int, batch_siz
 
 
 def in_process_split(config, paths, reqs: list[dict]) -> dict:
-    """Where a request's time goes inside the server: online lookup vs artifact (encode + forward)."""
+    """Where a request's time goes inside the server: online lookup vs artifact (encode + forward),
+    with the online store read as the config says."""
     from lattice.export.predictor import Predictor
     from lattice.registry import CHAMPION, ModelRegistry
     from lattice.serving.frame import request_columns
@@ -133,6 +134,7 @@ def in_process_split(config, paths, reqs: list[dict]) -> dict:
     reg = ModelRegistry(config, paths)
     pred = Predictor.load(reg.download(reg.by_alias(CHAMPION)))
     online = OnlineFeatures(config, paths)
+    online.open()
     out = {}
     for n, loops in ((1, 200), (256, 20)):
         parsed = [PredictRequest.model_validate(r) for r in reqs[:n]]
@@ -222,14 +224,17 @@ def main() -> None:
     import yaml
 
     url = f"http://127.0.0.1:{args.port}"
-    for label, cache_s in (("entity cache on (serving.feature_cache_seconds "
-                            f"{config.serving.feature_cache_seconds:g} s)", None),
-                           ("no cache: every request reads the Feast store", 0)):
+    modes = [  # (label, serving overrides); the first is the config as given
+        (f"online store in memory (serving.online_mirror_entities {config.serving.online_mirror_entities:,})", {}),
+        (f"on-demand reads, entity cache {config.serving.feature_cache_seconds:g} s", {"online_mirror_entities": 0}),
+        ("on-demand reads, no cache: every request reads the Feast store", {"online_mirror_entities": 0, "feature_cache_seconds": 0}),
+    ]
+    for label, overrides in modes:
         run_cfg = cfg_file
-        if cache_s is not None:  # same config, cache off
+        if overrides:  # same config, another way to read the online store
             data = config.model_dump(mode="json")
-            data["serving"]["feature_cache_seconds"] = cache_s
-            run_cfg = str(Path(tempfile.mkdtemp(prefix="lattice-bench-nocache-")) / f"{config.name}.yaml")
+            data["serving"].update(overrides)
+            run_cfg = str(Path(tempfile.mkdtemp(prefix="lattice-bench-serving-mode-")) / f"{config.name}.yaml")
             Path(run_cfg).write_text(yaml.safe_dump(data, sort_keys=False))
         res = serve_and_measure(run_cfg, wd, url, args, reqs)
         print(f"\nHTTP /predict on loopback (`lattice serve`, one process, Feast SQLite lookup): {label}")

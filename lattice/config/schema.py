@@ -329,6 +329,12 @@ class Serving(Strict):
     materializes (daily by default), so a short cache loses nothing and spares hot entities
     (the Zipf head of users and ads) a store round trip per request."""
     feature_cache_entries: int = Field(default=200_000, ge=1)
+    online_mirror_entities: int = Field(default=1_000_000, ge=0)
+    """SQLite online store: when every feature view holds at most this many entities, the server
+    keeps the whole store in memory (about 8 bytes per entity and feature), loads it at startup
+    and reloads it in the background when a materialization commits, so a lookup never waits on
+    SQLite and no value is older than the last materialization. Larger stores, other online
+    stores and 0 here read entities on demand through the cache above."""
 
 
 class Registry(Strict):

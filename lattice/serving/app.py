@@ -169,6 +169,7 @@ def create_app(config: PlatformConfig, paths: Paths, poll_seconds: float = 2.0) 
             "model_version": served.version if served else None,
             "swaps": server.slot.swaps,
             "last_error": server.slot.last_error,
+            "online_features": server.online.mode,
         }
         return JSONResponse(status_code=200 if served else 503, content=body)
 

@@ -2,10 +2,17 @@
 
 Returns the aggregate columns for each request's entities; an entity the store has never seen
 gets the defaults training used for an entity without history (0 for every count and rate) and
-is listed in the response's `unknown_entities`. Values read from the store are cached per
-(feature view, entity), unknown entities included; the cache is emptied every
-`serving.feature_cache_seconds` (and when it holds `serving.feature_cache_entries`), so no value
-served is older than that, and a hit costs one dict lookup.
+is listed in the response's `unknown_entities`.
+
+Two ways to read, chosen when the store opens:
+- mirror (SQLite store with at most `serving.online_mirror_entities` entities per view): every
+  view is held in memory as sorted ids + a value matrix, loaded at startup; each lookup checks
+  SQLite's `data_version` (a few microseconds) and, when a materialization has committed since the
+  copy was taken, reloads it in a background thread while requests keep using the old copy.
+- on demand (larger stores, Redis, the mirror off): entities are read from the store and cached per
+  (feature view, entity), unknown entities included; the cache is emptied every
+  `serving.feature_cache_seconds` (and when it holds `serving.feature_cache_entries`), so no value
+  served is older than that, and a hit costs one dict lookup.
 """
 
 from __future__ import annotations
@@ -19,7 +26,7 @@ import numpy as np
 from lattice.config import PlatformConfig
 from lattice.data import schema as S
 from lattice.paths import Paths
-from lattice.serving.sqlite_online import SqliteOnlineReader, value_number
+from lattice.serving.sqlite_online import SqliteOnlineReader, ViewTable, value_number
 
 log = logging.getLogger(__name__)
 
@@ -39,12 +46,20 @@ class OnlineFeatures:
         self._provider = None
         self._sqlite = None  # SqliteOnlineReader when the online store is Feast's SQLite
         self._views: list = []
-        self._lock = threading.Lock()
+        # one SQLite connection is shared by the request threads; a mirror reload loads outside
+        # the lock and takes it only to swap (re-entrant: the first load runs while opening)
+        self._lock = threading.RLock()
         self._cache_seconds = config.serving.feature_cache_seconds
         self._cache_entries = config.serving.feature_cache_entries
         self._cache: dict[str, dict[int, np.ndarray]] = {}  # view -> entity id -> values (NaN = absent)
         self._cache_until = 0.0
-        self.reads = 0  # entity reads that went to the store (the rest came from the cache)
+        self._cached = 0  # entries in the cache (kept as a count: summing the views' sizes per call costs)
+        self._mirror_entities = config.serving.online_mirror_entities
+        self._mirror: dict[str, ViewTable] | None = None  # view name -> the whole view, when mirrored
+        self._mirror_version: int | None = None  # the store's data_version the mirror was loaded at
+        self._reloading: threading.Thread | None = None
+        self.reads = 0  # entity reads that went to the store (the rest came from the cache or the mirror)
+        self.reloads = 0  # mirror reloads after the store changed
 
     def _open(self) -> None:
         from features.store import get_store
@@ -63,11 +78,42 @@ class OnlineFeatures:
             self._provider = None
             return
         if self._store.config.online_store.type == "sqlite":
-
             try:
                 self._sqlite = SqliteOnlineReader(self._store.config, [v for v, _, _ in self._views])
             except Exception as exc:  # no database yet, another layout: the provider still works
                 log.warning("batch SQLite reads unavailable (%s); reading through Feast's online_read", exc)
+                return
+            if self._mirror_entities > 0:
+                self._load_mirror(self._sqlite.data_version())
+
+    @property
+    def mode(self) -> str:
+        """How entities are read: mirror, cache (on demand, cached) or direct (on demand)."""
+        return "mirror" if self._mirror is not None else "cache" if self._cache_seconds > 0 else "direct"
+
+    def _load_mirror(self, version: int) -> None:
+        """Load every view into memory, as of `version` of the store (or later); if a view is too
+        large or cannot be decoded, drop the mirror and read on demand."""
+        try:
+            tables = {v.name: self._sqlite.read_view(v.name, key, feats, self._mirror_entities) for v, key, feats in self._views}
+        except Exception as exc:  # a table not materialized yet, a locked file: on-demand reads still work
+            log.warning("in-memory online features unavailable (%s); reading entities on demand", exc)
+            tables = {"": None}
+        with self._lock:
+            if any(t is None for t in tables.values()):
+                if self._mirror is not None or self._mirror_version is None:
+                    log.info("online store views exceed serving.online_mirror_entities=%d or use another key encoding: "
+                             "reading entities on demand", self._mirror_entities)
+                self._mirror = None
+                self._cache, self._cached = {}, 0  # not filled while mirrored; start clean
+            else:
+                self._mirror = tables
+                log.info("online features in memory: %s", ", ".join(f"{n} {len(t.ids):,} entities" for n, t in tables.items()))
+            self._mirror_version = version
+
+    def _reload(self, version: int) -> None:
+        self._load_mirror(version)
+        self.reloads += 1
 
     def open(self) -> None:
         """Open the store now (the server calls this at startup, so the first request does not
@@ -88,14 +134,31 @@ class OnlineFeatures:
                 rows = [{k: int(v[i]) for k, v in ids.items()} for i in range(n)]
                 got = online_features(self.config, self.paths, rows, store=self._store)
                 return {c: np.array([np.nan if v is None else float(v) for v in got[c]], np.float64) for c in self.columns}
+            if self._mirror is not None:
+                version = self._sqlite.data_version()
+                if version != self._mirror_version and (self._reloading is None or not self._reloading.is_alive()):
+                    # the store changed: reload in the background, keep answering from the old copy
+                    self._reloading = threading.Thread(target=self._reload, args=(version,), name="online-mirror", daemon=True)
+                    self._reloading.start()
+                mirror = self._mirror
+                if mirror is not None:
+                    return self._read_mirror(mirror, ids)
             return self._read_direct(ids)
+
+    def _read_mirror(self, mirror: dict[str, ViewTable], ids: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        out: dict[str, np.ndarray] = {}
+        for view, key, feats in self._views:
+            matrix = mirror[view.name].get(ids[key])
+            for j, f in enumerate(feats):
+                out[f] = matrix[:, j]
+        return out
 
     def _view_cache(self, name: str) -> dict[int, np.ndarray] | None:
         if self._cache_seconds <= 0:
             return None
         now = time.monotonic()
-        if now >= self._cache_until or sum(map(len, self._cache.values())) >= self._cache_entries:
-            self._cache = {}
+        if now >= self._cache_until or self._cached >= self._cache_entries:
+            self._cache, self._cached = {}, 0
             self._cache_until = now + self._cache_seconds
         return self._cache.setdefault(name, {})
 
@@ -111,6 +174,7 @@ class OnlineFeatures:
                 fresh = self._read_view(view, key, feats, missing)
                 if cache is not None:
                     cache.update(fresh)
+                    self._cached += len(fresh)
                 rows = [fresh[i] if r is None else r for i, r in zip(keys, rows)]
             matrix = np.vstack(rows)[inverse.reshape(-1)]
             for j, f in enumerate(feats):

@@ -7,14 +7,38 @@ nor the dicts, so this reader runs the same SELECT on the same table (Feast's ta
 entity-key encoding, read through Feast's own helpers) on a read-only connection, and parses
 each value into a float matrix. `tests/integration/test_serving.py` checks it returns exactly
 what Feast's `online_read` returns on a materialized store.
+
+`read_view` loads a whole feature view into a `ViewTable` (sorted ids + one value matrix), which
+the server keeps in memory when the view is small enough (`serving.online_mirror_entities`):
+a lookup is then a binary search over numpy arrays, with no SQL and no per-entity Python.
+`data_version` tells the server when another connection (a materialization) has committed, so
+the copy is reloaded when the store changes rather than on a timer.
 """
 
 from __future__ import annotations
 
 import sqlite3
 import struct
+from dataclasses import dataclass
 
 import numpy as np
+
+
+@dataclass(frozen=True)
+class ViewTable:
+    """Every entity of one feature view: `ids` sorted, `values[i]` the features of `ids[i]`."""
+
+    ids: np.ndarray  # (n,) int64, sorted, unique
+    values: np.ndarray  # (n, features) float64, NaN where the store has no value
+
+    def get(self, ids: np.ndarray) -> np.ndarray:
+        """(m,) ids -> (m, features) values; all NaN for an id the view does not hold."""
+        out = np.full((len(ids), self.values.shape[1]), np.nan)
+        if len(self.ids):
+            pos = np.minimum(np.searchsorted(self.ids, ids), len(self.ids) - 1)
+            hit = self.ids[pos] == ids
+            out[hit] = self.values[pos[hit]]
+        return out
 
 
 class SqliteOnlineReader:
@@ -22,17 +46,25 @@ class SqliteOnlineReader:
         from feast.infra.online_stores.helpers import compute_table_id
         from feast.infra.online_stores.sqlite import SqliteOnlineStore
 
-        path = SqliteOnlineStore._get_db_path(repo_config)
-        # read-only, no type converters (the timestamps are not read); the server's lock
-        # serialises use across threads
-        self._conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, check_same_thread=False)
-        # reads are random over the entity index: map the file and keep a large page cache
-        self._conn.execute("PRAGMA mmap_size = 1073741824")
-        self._conn.execute("PRAGMA cache_size = -131072")
+        self._path = SqliteOnlineStore._get_db_path(repo_config)
+        self._conn = self._connect()
         versioning = bool(getattr(repo_config.registry, "enable_online_feature_view_versioning", False))
         self._tables = {v.name: compute_table_id(repo_config.project, v, versioning) for v in views}
         self._key_version = repo_config.entity_key_serialization_version
         self._templates: dict[str, tuple[bytes, bytes] | None] = {}
+
+    def _connect(self) -> sqlite3.Connection:
+        # read-only, no type converters (the timestamps are not read); the server's lock
+        # serialises use of the main connection across threads
+        conn = sqlite3.connect(f"file:{self._path}?mode=ro", uri=True, check_same_thread=False)
+        # reads are random over the entity index: map the file and keep a large page cache
+        conn.execute("PRAGMA mmap_size = 1073741824")
+        conn.execute("PRAGMA cache_size = -131072")
+        return conn
+
+    def data_version(self) -> int:
+        """A number that changes whenever another connection commits to the store."""
+        return self._conn.execute("PRAGMA data_version").fetchone()[0]
 
     def _feast_key(self, join_key: str, i: int) -> bytes:
         from feast.infra.key_encoding_utils import serialize_entity_key
@@ -80,6 +112,39 @@ class SqliteOnlineReader:
             if j is not None:
                 matrix[row_of[key], j] = _number(blob)
         return dict(zip(ids, matrix))  # rows of one matrix: no per-entity allocation
+
+    def read_view(self, view_name: str, join_key: str, feats: list[str], max_entities: int) -> ViewTable | None:
+        """The whole view, or None when it holds more than `max_entities` entities or keys this
+        reader cannot decode. Runs on its own connection, so a reload in a background thread
+        does not hold up the request path's reads."""
+        t = self._template(join_key)
+        if t is None:
+            return None
+        pre, post = t
+        size = len(pre) + 8 + len(post)
+        table = self._tables[view_name].replace('"', '""')
+        conn = self._connect()
+        try:
+            conn.execute("BEGIN")  # one snapshot for the count and the rows
+            (n,) = conn.execute(f'SELECT COUNT(DISTINCT entity_key) FROM "{table}"').fetchone()
+            if n > max_entities:
+                return None
+            rows = conn.execute(f'SELECT entity_key, feature_name, value FROM "{table}"').fetchall()
+        finally:
+            conn.close()
+        column = {f: j for j, f in enumerate(feats)}
+        row_of: dict[bytes, int] = {}
+        values = np.full((n, len(feats)), np.nan)
+        for key, name, blob in rows:
+            r = row_of.setdefault(key, len(row_of))
+            j = column.get(name)
+            if j is not None:
+                values[r, j] = _number(blob)
+        if any(len(k) != size or not k.startswith(pre) or not k.endswith(post) for k in row_of):
+            return None  # a key in another encoding: leave this view to per-entity reads
+        ids = np.array([struct.unpack_from("<q", k, len(pre))[0] for k in row_of], np.int64)
+        order = np.argsort(ids, kind="stable")
+        return ViewTable(ids=ids[order], values=values[: len(ids)][order])
 
     def close(self) -> None:
         self._conn.close()

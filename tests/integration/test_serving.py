@@ -175,6 +175,50 @@ def test_batch_sqlite_reader_matches_feast_online_read(served, window):
         reader.close()
 
 
+def test_online_mirror_matches_the_store_and_reloads_after_a_write(served, window):
+    """The in-memory copy of the SQLite store answers exactly what the store holds, and a write
+    to the store (as a materialization makes) reaches it without a restart."""
+    import datetime as dt
+
+    from features.store import get_store
+    from lattice.serving.online import OnlineFeatures
+
+    config, paths = served["config"], served["paths"]
+    online = OnlineFeatures(config, paths)
+    online.open()
+    assert online.mode == "mirror"
+    new_user = 987_654_321_777  # never logged
+    ids = {k: np.array([int(i) for i in window[k]] + [new_user, -5], np.int64) for k in online.entity_keys}
+    ids["ad_id"][-2:] = ids["ad_id"][0]  # known ads: only the user is new
+    got = online._fetch(ids)
+    want = {}
+    for view, key, feats in online._views:
+        rows = online._sqlite.read(view.name, key, feats, ids[key].tolist())
+        for j, f in enumerate(feats):
+            want[f] = np.array([rows[i][j] for i in ids[key].tolist()])
+    assert got.keys() == want.keys()
+    for c in want:
+        np.testing.assert_array_equal(got[c], want[c])  # NaN where absent on both sides
+    assert online.reads == 0 and online.lookup_ids(ids)[1][-2] == ["user_id"]
+
+    view = next(a for a in config.features.aggregates if a.entity == "user_id")
+    cols = [c for c, k in online.columns.items() if k == "user_id"]
+    now = dt.datetime.now(dt.timezone.utc)
+    row = {"user_id": [new_user], "event_timestamp": [now], "created": [now]}
+    row.update({c: [0.25] if "rate" in c else [3] for c in cols})
+    get_store(config, paths).write_to_online_store(view.name, df=pd.DataFrame(row))
+    deadline = time.time() + 30
+    while True:
+        aggs, unknown = online.lookup_ids(ids)
+        if unknown[-2] == [] or time.time() > deadline:
+            break
+        time.sleep(0.05)
+    assert unknown[-2] == [] and online.reloads >= 1 and online.mode == "mirror"
+    assert all(aggs[c][-2] == (0.25 if "rate" in c else 3.0) for c in cols)
+    assert unknown[-1] == ["user_id"]  # still never seen
+    assert online.reads == 0
+
+
 GOOD = {"domain": "feed", "entities": {"user_id": 1, "ad_id": 2}, "features": {"device": 1, "price": 1.5}}
 
 
