@@ -23,10 +23,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 
 
 def run_dataset(cfg_file: str, workdir: Path, nproc: int, epochs: int | None) -> dict:
-    from lattice.cli.train_cmd import summary_table
+    from bench_train import quality
+
     from lattice.config import load_config
     from lattice.models.build import baseline_names
     from lattice.paths import Paths
@@ -40,20 +42,7 @@ def run_dataset(cfg_file: str, workdir: Path, nproc: int, epochs: int | None) ->
     c = summary["counts"]
     print(f"[{config.name}] features: {c['consolidate']['rows_in']:,} rows in, {c['consolidate']['quarantined']:,} quarantined, "
           f"training set {c['training_set']:,} rows ({time.perf_counter() - t:.0f}s)", flush=True)
-    metrics = {}
-    for model in ["teacher", *baseline_names(config)]:
-        t = time.perf_counter()
-        run_stage("train", config, paths, model=model, nproc=nproc if model == "teacher" else 1, epochs=epochs, progress=False)
-        metrics[model] = json.loads((paths.model_dir(model) / "metrics.json").read_text())
-        print(f"[{config.name}] {model}: {time.perf_counter() - t:.0f}s, best epoch {metrics[model].get('best_epoch')}", flush=True)
-    print(f"\n{config.name}: test NE per (domain, objective)\n" + summary_table(config, metrics))
-    by_obj = {m: {o: v["ne"] for o, v in x["by_objective"].items()} for m, x in metrics.items()}
-    print("macro NE per objective: " + "; ".join(
-        f"{m} " + ", ".join(f"{o} {ne:.4f}" for o, ne in objs.items()) for m, objs in by_obj.items()))
-    beats = {o: all(by_obj["teacher"][o] < by_obj[b][o] for b in by_obj if b != "teacher") for o in config.objective_names}
-    print(f"teacher beats every baseline on macro NE, per objective: {beats}\n", flush=True)
-    return {"macro_ne_by_objective": by_obj, "cells": {m: {c: v["ne"] for c, v in x["cells"].items()} for m, x in metrics.items()},
-            "teacher_beats_every_baseline": beats}
+    return quality(config, paths, ["teacher", *baseline_names(config)], nproc, epochs, baseline_nproc=1, label=f"[{config.name}] ")
 
 
 def main() -> None:

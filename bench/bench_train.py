@@ -51,28 +51,35 @@ def prepare(config: PlatformConfig, rows: int, workdir: Path) -> tuple[PlatformC
 # ---------------------------------------------------------------- quality
 
 
-def quality(config: PlatformConfig, paths: Paths, models: list[str], nproc: int, epochs: int | None) -> dict:
+def quality(config: PlatformConfig, paths: Paths, models: list[str], nproc: int, epochs: int | None,
+            baseline_nproc: int | None = None, label: str = "") -> dict:
+    """Train each model on the same training set; print the per-cell table, macro NE per
+    objective and whether the teacher beats every baseline; return the figures."""
     from lattice.cli.train_cmd import summary_table
     from lattice.training.stages import train
 
     metrics = {}
     for m in models:
         t = time.perf_counter()
-        s = train(config, paths, model=m, nproc=nproc, epochs=epochs, progress=False)
-        print(f"{m}: {time.perf_counter() - t:.0f}s, best epoch {s['best_epoch']}, macro NE {s['macro']['ne']:.4f}", flush=True)
+        ranks = nproc if m == "teacher" or baseline_nproc is None else baseline_nproc
+        s = train(config, paths, model=m, nproc=ranks, epochs=epochs, progress=False)
+        print(f"{label}{m}: {time.perf_counter() - t:.0f}s, best epoch {s['best_epoch']}, macro NE {s['macro']['ne']:.4f}", flush=True)
         metrics[m] = json.loads((paths.model_dir(m) / "metrics.json").read_text())
-    print("\n" + summary_table(config, metrics))
-    out = {"macro_ne_by_objective": {m: metrics[m]["by_objective"] for m in models}}
+    print(f"\n{label}test NE per (domain, objective)\n" + summary_table(config, metrics))
+    by_obj = {m: {o: v["ne"] for o, v in x["by_objective"].items()} for m, x in metrics.items()}
+    print("macro NE per objective: " + "; ".join(f"{m} " + ", ".join(f"{o} {ne:.4f}" for o, ne in objs.items())
+                                                 for m, objs in by_obj.items()))
+    out = {"macro_ne_by_objective": by_obj, "cells": {m: {c: v["ne"] for c, v in x["cells"].items()} for m, x in metrics.items()}}
     if "teacher" in metrics:
         t = metrics["teacher"]
         gap = {c: (v["ne"] / v["oracle_ne"] - 1) for c, v in t["cells"].items() if v.get("oracle_ne")}
-        out["teacher_vs_oracle_relative_gap"] = gap
         if len(metrics) > 1:  # with no baseline in the run there is nothing to beat
-            beats = {o: all(t["by_objective"][o]["ne"] < metrics[b]["by_objective"][o]["ne"] for b in models if b != "teacher")
-                     for o in config.objective_names}
+            beats = {o: all(by_obj["teacher"][o] < by_obj[b][o] for b in by_obj if b != "teacher") for o in config.objective_names}
             out["teacher_beats_every_baseline_per_objective"] = beats
-            print("\nteacher beats every baseline on macro NE per objective:", beats)
-        print("teacher NE / oracle NE - 1 per cell:", {c: f"{g:+.1%}" for c, g in gap.items()}, "(goal: within +3%)")
+            print("teacher beats every baseline on macro NE per objective:", beats)
+        if gap:  # only data with truth columns has an oracle
+            out["teacher_vs_oracle_relative_gap"] = gap
+            print("teacher NE / oracle NE - 1 per cell:", {c: f"{g:+.1%}" for c, g in gap.items()}, "(goal: within +3%)")
     return out
 
 
@@ -200,6 +207,7 @@ def main() -> None:
     p.add_argument("--models", default="teacher,separate,pooled,mmoe")
     p.add_argument("--nproc", type=int, default=2)
     p.add_argument("--epochs", type=int, default=None)
+    p.add_argument("--seed", type=int, default=None, help="training.seed for every model (default: the config's)")
     p.add_argument("--training-set", default=None,
                    help="a feature-stage training set folder (with the history aggregates) to train on instead of the "
                         "generated pandas table; e.g. bench_pipeline.py's <workdir>/wd_1000000/training_set")
@@ -220,6 +228,9 @@ def main() -> None:
         if not link.exists():
             link.symlink_to(Path(args.training_set).resolve())
     config, paths = prepare(load_config(args.config), args.rows, Path(args.workdir))
+    if args.seed is not None:  # seed-to-seed spread is the noise floor for every comparison below
+        config = config.model_copy(update={"training": config.training.model_copy(update={"seed": args.seed})})
+    print(f"training seed {config.training.seed}")
     result: dict = {"rows": args.rows, "cores": os.cpu_count()}
     if not args.skip_throughput:
         result["throughput"] = throughput(args)

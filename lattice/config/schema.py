@@ -129,6 +129,10 @@ class Objective(Strict):
     """Domains whose logs carry this label; elsewhere the label is masked, never a fake negative."""
     label_rate: tuple[float, float] = (0.0, 1.0)
     """Validation bounds on the observed label rate per domain."""
+    given: str | None = None
+    """Another objective this one can only follow (a conversion follows a click). Multi-objective
+    models then predict P(this | given) and output P(given) · P(this | given), trained on every
+    impression (ESMM, Ma et al. 2018), instead of an unrelated head for a rare label."""
 
     @field_validator("label_rate")
     @classmethod
@@ -210,6 +214,13 @@ class ModelSize(Strict):
     """Tokens each interaction layer outputs."""
     fm_rank: int = Field(default=8, ge=1)
     head_dims: list[int] = Field(default_factory=lambda: [64])
+    shared_dims: list[int] = Field(default_factory=list)
+    """Hidden layers shared by every objective's head, between the interaction stack and the
+    heads (empty: each head reads the tokens alone). A rare objective (conversion) then reuses
+    what the frequent one (click) teaches the shared layers."""
+    experts: int = Field(default=1, ge=1)
+    """With `shared_dims`: more than 1 makes that many shared stacks (experts), mixed per
+    objective by a softmax gate (MMoE on top of the interaction stack)."""
     domain_token: bool = True
     domain_untied: bool = False
     """Give every domain its own final interaction layer (parameter untying)."""
@@ -453,6 +464,14 @@ class PlatformConfig(Strict):
             for j, d in enumerate(o.domains):
                 if d not in domains:
                     out.append((f"objectives[{i}].domains[{j}]", d, f"unknown domain; declare it under 'domains' or use one of {domains}"))
+            if o.given is not None:
+                g = next((x for x in self.objectives if x.name == o.given), None)
+                if g is None or g.name == o.name or g.given is not None:
+                    out.append((f"objectives[{i}].given", o.given, "must name another objective that is not itself 'given' one "
+                                f"(one level of chaining); use one of {[x.name for x in self.objectives if x.name != o.name]}"))
+                elif not set(o.domains) <= set(g.domains):
+                    out.append((f"objectives[{i}].given", o.given, f"{o.given!r} is not labelled in every domain of {o.name!r} "
+                                f"(missing {sorted(set(o.domains) - set(g.domains))}); add them to its domains or drop 'given'"))
         provided: set[str] = set()
         with_source: set[str] = set()
         for i, s in enumerate(self.sources):

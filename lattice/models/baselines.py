@@ -14,6 +14,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from lattice.config import PlatformConfig
 from lattice.config.schema import ModelSize
+from lattice.models.chain import chained_logit, chains, conditional_rates
 from lattice.models.interaction import mlp
 from lattice.models.lattice_net import LatticeNet, set_head_bias
 from lattice.models.sparse import SparseArch
@@ -74,9 +75,10 @@ class MultiTaskModel(nn.Module):
         self.experts = nn.ModuleList([mlp(n_in, [expert_dim * 2], expert_dim, size.dropout) for _ in range(n_experts)])
         self.gates = nn.ModuleDict({o: nn.Linear(n_in, n_experts) for o in self.objectives}) if n_experts > 1 else None
         self.towers = nn.ModuleDict({o: mlp(expert_dim, size.head_dims, 1, size.dropout) for o in self.objectives})
+        self.chains = chains(config, self.objectives)
 
     def set_output_bias(self, rates: dict[str, float]) -> None:
-        set_head_bias(self.towers, rates)
+        set_head_bias(self.towers, conditional_rates(rates, self.chains))
 
     def forward(self, dense: torch.Tensor, sparse: KeyedJaggedTensor, domain: torch.Tensor) -> dict[str, torch.Tensor]:
         x = torch.cat([self.sparse(sparse).flatten(1), self.domain(domain), dense], dim=1)  # (B, n_in)
@@ -85,4 +87,6 @@ class MultiTaskModel(nn.Module):
         for o in self.objectives:
             h = e[:, 0] if self.gates is None else torch.einsum("be,beh->bh", torch.softmax(self.gates[o](x), -1), e)  # (B, H)
             out[o] = self.towers[o](h).squeeze(-1)  # (B,)
+        for o, given in self.chains:
+            out[o] = chained_logit(out[given], out[o])
         return out

@@ -52,9 +52,13 @@ class DomainUntied(nn.Module):
 
 
 def mlp(n_in: int, dims: list[int], n_out: int, dropout: float = 0.0) -> nn.Sequential:
+    return nn.Sequential(*trunk(n_in, dims, dropout), nn.Linear(dims[-1] if dims else n_in, n_out))
+
+
+def trunk(n_in: int, dims: list[int], dropout: float = 0.0) -> nn.Sequential:
+    """Hidden layers only (Linear, ReLU, Dropout per width): a representation several heads share."""
     layers: list[nn.Module] = []
     for d in dims:
         layers += [nn.Linear(n_in, d), nn.ReLU(), nn.Dropout(dropout)]
         n_in = d
-    layers.append(nn.Linear(n_in, n_out))
     return nn.Sequential(*layers)

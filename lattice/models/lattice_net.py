@@ -1,6 +1,7 @@
 """The Lattice MDMO network: sparse and dense features as tokens, a domain token, a stack of
-Wukong interaction layers (the last one optionally untied per domain) and one head per objective.
-Teacher and student are this class at different `ModelSize`s."""
+Wukong interaction layers (the last one optionally untied per domain), optionally a shared stack
+or gated experts over every layer's tokens, and one head per objective. Teacher and student are
+this class at different `ModelSize`s."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from lattice.config import PlatformConfig
 from lattice.config.schema import ModelSize
-from lattice.models.interaction import DomainUntied, WukongLayer, mlp
+from lattice.models.chain import chained_logit, chains, conditional_rates
+from lattice.models.interaction import DomainUntied, WukongLayer, mlp, trunk
 from lattice.models.sparse import SparseArch
 
 DENSE_TOKENS = 2
@@ -57,12 +59,19 @@ class LatticeNet(nn.Module):
             n = size.num_tokens
             context += n
         self.interaction = nn.ModuleList(layers)
-        self.heads = nn.ModuleDict({o: mlp(context * d, size.head_dims, 1, size.dropout) for o in self.objectives})
+        n_flat = context * d
+        head_in = size.shared_dims[-1] if size.shared_dims else n_flat
+        # between the tokens and the heads: nothing, one shared stack, or experts mixed per objective
+        self.experts = nn.ModuleList([trunk(n_flat, size.shared_dims, size.dropout)
+                                      for _ in range(size.experts if size.shared_dims else 1)])
+        self.gates = nn.ModuleDict({o: nn.Linear(n_flat, len(self.experts)) for o in self.objectives}) if len(self.experts) > 1 else None
+        self.heads = nn.ModuleDict({o: mlp(head_in, size.head_dims, 1, size.dropout) for o in self.objectives})
+        self.chains = chains(config, self.objectives)  # (objective, given): see chain.py
 
     def set_output_bias(self, rates: dict[str, float]) -> None:
         """Start every head at its objective's base rate, so early steps learn structure instead
         of the (very skewed) label prior."""
-        set_head_bias(self.heads, rates)
+        set_head_bias(self.heads, conditional_rates(rates, self.chains))
 
     def tokens(self, dense: torch.Tensor, sparse: KeyedJaggedTensor, domain: torch.Tensor) -> torch.Tensor:
         parts = [self.sparse(sparse)]  # (B, F, D)
@@ -81,4 +90,13 @@ class LatticeNet(nn.Module):
             x = layer(x, domain) if isinstance(layer, DomainUntied) else layer(x)
             context.append(x.flatten(1))
         flat = torch.cat(context, dim=1)  # (B, sum_l N_l*D)
-        return {o: head(flat).squeeze(-1) for o, head in self.heads.items()}  # objective -> (B,)
+        if self.gates is None:
+            h = self.experts[0](flat)  # (B, shared_dims[-1]); the tokens themselves without shared_dims
+            out = {o: head(h).squeeze(-1) for o, head in self.heads.items()}  # objective -> (B,) logits
+        else:
+            e = torch.stack([ex(flat) for ex in self.experts], dim=1)  # (B, E, H)
+            out = {o: head(torch.einsum("be,beh->bh", torch.softmax(self.gates[o](flat), -1), e)).squeeze(-1)
+                   for o, head in self.heads.items()}
+        for o, given in self.chains:
+            out[o] = chained_logit(out[given], out[o])
+        return out

@@ -86,40 +86,39 @@ class RequestSchema:
         self._domains, self._entities = frozenset(self.domains), frozenset(self.entity_keys)
         self._sparse, self._dense = frozenset(self.sparse), frozenset(self.dense)
 
-    def _plainly_valid(self, req) -> bool:
-        """The common case in one pass of set lookups; anything else goes to `check` for its message."""
-        if req.domain not in self._domains or req.entities.keys() != self._entities:
-            return False
+    def problem(self, req) -> str | None:
+        """What is wrong with one request under this config, or None. The only copy of the rules:
+        a valid request costs one pass of set lookups, and a message is built only for an
+        invalid one."""
+        if req.domain not in self._domains:
+            return f"unknown domain {req.domain!r}; use one of {self.domains}"
+        if req.entities.keys() != self._entities:
+            missing = [k for k in self.entity_keys if k not in req.entities]
+            if missing:
+                return f"missing entity key(s) {missing}; every request needs {self.entity_keys}"
+            return f"unknown entity key(s) {sorted(set(req.entities) - self._entities)}; entity keys are {self.entity_keys}"
         for name, value in req.features.items():
             if name in self._sparse:
                 if type(value) is float:
-                    return False
-            elif name not in self._dense or type(value) is str:
-                return False
-        return True
+                    return f"feature {name!r} is categorical: send an integer or a string, got {value!r}"
+            elif name in self._dense:
+                if type(value) is str:
+                    return f"feature {name!r} is numeric: send a number, got the string {value!r}"
+            elif name in self._entities:
+                return f"{name!r} is an entity key; send it under 'entities', not 'features'"
+            else:
+                return f"unknown feature {name!r}; request-time features are {self.sparse + self.dense}"
+        return None
 
     def check_all(self, reqs: list, batch: bool) -> None:
+        """Raises RequestError for the first invalid request (indexed when the body is a batch)."""
+        problem = self.problem
         for i, r in enumerate(reqs):
-            if not self._plainly_valid(r):
-                self.check(r, i if batch else None)
+            p = problem(r)
+            if p is not None:
+                raise RequestError(i if batch else None, p)
 
     def check(self, req: PredictRequest, index: int | None = None) -> None:
-        if req.domain not in self.domains:
-            raise RequestError(index, f"unknown domain {req.domain!r}; use one of {self.domains}")
-        missing = [k for k in self.entity_keys if k not in req.entities]
-        if missing:
-            raise RequestError(index, f"missing entity key(s) {missing}; every request needs {self.entity_keys}")
-        extra = sorted(set(req.entities) - set(self.entity_keys))
-        if extra:
-            raise RequestError(index, f"unknown entity key(s) {extra}; entity keys are {self.entity_keys}")
-        for name, value in req.features.items():
-            if name in self.entity_keys:
-                raise RequestError(index, f"{name!r} is an entity key; send it under 'entities', not 'features'")
-            if name in self.sparse:
-                if isinstance(value, float):
-                    raise RequestError(index, f"feature {name!r} is categorical: send an integer or a string, got {value!r}")
-            elif name in self.dense:
-                if isinstance(value, str):
-                    raise RequestError(index, f"feature {name!r} is numeric: send a number, got the string {value!r}")
-            else:
-                raise RequestError(index, f"unknown feature {name!r}; request-time features are {self.sparse + self.dense}")
+        p = self.problem(req)
+        if p is not None:
+            raise RequestError(index, p)

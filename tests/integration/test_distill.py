@@ -37,7 +37,7 @@ def tiny_config(data_root: Path) -> PlatformConfig:
     m = cfg.models
     models = m.model_copy(update={
         "teacher": m.teacher.model_copy(update=dict(embedding_dim=16, num_layers=2, num_tokens=8, fm_rank=4, head_dims=[64],
-                                                    domain_untied=False)),
+                                                    shared_dims=[], experts=1, domain_untied=False)),
         "student": m.student.model_copy(update=dict(embedding_dim=4, table_scale=0.25, num_layers=1, num_tokens=2, fm_rank=2,
                                                     head_dims=[16])),
     })

@@ -89,6 +89,10 @@ BROKEN = [
     ("bad_name", _set("domains.0.name", "Feed Ads"), "domains[0].name", "lower-case"),
     ("domain_without_source", lambda d: d["domains"].append({"name": "shorts"}), "domains[3]", "no source feeds this domain"),
     ("objective_domain_without_label", _set("objectives.1.domains", ["feed", "search", "video"]), "objectives[1].domains", "no source of domain 'video'"),
+    ("given_unknown_objective", _set("objectives.1.given", "purchase"), "objectives[1].given", "must name another objective"),
+    ("given_itself", _set("objectives.1.given", "conversion"), "objectives[1].given", "must name another objective"),
+    ("given_fewer_domains", lambda d: (d["objectives"][0].update(domains=["feed"]), d["objectives"][1].update(given="click")),
+     "objectives[1].given", "not labelled in every domain"),
     ("schedule_both", _set("schedules.distill", {"cron": "@daily", "asset": "teacher"}), "schedules.distill", "not both"),
 ]
 

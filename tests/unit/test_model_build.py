@@ -61,3 +61,45 @@ def test_remap_keeps_ids_in_table_and_rejects_bad_unhashed_ids(demo) -> None:
     assert out.tolist() == [5, 5, (2**60 + 3) % 1000]
     with pytest.raises(ValueError, match="hashing 'qr'.*not registered"):
         make_remap(demo, uid.model_copy(update={"hashing": "qr"}), 1000)
+
+
+def test_chained_logit_is_the_product_of_probabilities_and_stays_finite() -> None:
+    from lattice.models.chain import chained_logit
+
+    a = torch.tensor([-30.0, -5.0, 0.0, 2.0, 8.0, 40.0], dtype=torch.float64, requires_grad=True)
+    b = torch.tensor([-25.0, 1.0, -3.0, 0.5, 9.0, 40.0], dtype=torch.float64, requires_grad=True)
+    got = chained_logit(a, b)
+    want = torch.logit(torch.sigmoid(a) * torch.sigmoid(b))
+    torch.testing.assert_close(got[:-1], want[:-1], rtol=1e-6, atol=1e-9)
+    assert torch.isfinite(got).all()  # p = 1 in float64 at the end: clamped, not inf
+    got.sum().backward()
+    assert torch.isfinite(a.grad).all() and torch.isfinite(b.grad).all()
+
+
+@pytest.mark.parametrize("kind", ["teacher", "student", "mmoe"])
+def test_a_chained_objective_never_exceeds_the_objective_it_follows(demo, kind) -> None:
+    cfg = tiny(demo)
+    objectives = [o.model_copy(update={"given": "click"}) if o.name == "conversion" else o for o in cfg.objectives]
+    cfg = cfg.model_copy(update={"objectives": objectives})
+    torch.manual_seed(0)
+    model = build_model(cfg, kind, 4)
+    names = [f.name for f in cfg.features.sparse]
+    kjt = kjt_from_ids(names, [np.arange(64) % 16 for _ in names], [np.ones(64, bool) for _ in names])
+    out = model(torch.randn(64, 4) * 3, kjt, torch.arange(64) % 3)
+    assert torch.all(torch.sigmoid(out["conversion"]) <= torch.sigmoid(out["click"]) * (1 + 1e-6))
+
+
+@pytest.mark.parametrize("shared_dims, experts", [([], 1), ([16], 1), ([16, 8], 3)])
+def test_heads_read_tokens_a_shared_stack_or_gated_experts(demo, shared_dims, experts) -> None:
+    cfg = tiny(demo)
+    size = cfg.models.teacher.model_copy(update={"shared_dims": shared_dims, "experts": experts})
+    cfg = cfg.model_copy(update={"models": cfg.models.model_copy(update={"teacher": size})})
+    torch.manual_seed(0)
+    model = build_model(cfg, "teacher", 4)
+    assert len(model.experts) == (experts if shared_dims else 1) and (model.gates is None) == (experts == 1 or not shared_dims)
+    names = [f.name for f in cfg.features.sparse]
+    kjt = kjt_from_ids(names, [np.arange(8) for _ in names], [np.ones(8, bool) for _ in names])
+    out = model(torch.randn(8, 4), kjt, torch.arange(8) % 3)
+    assert set(out) == set(cfg.objective_names) and all(v.shape == (8,) and torch.isfinite(v).all() for v in out.values())
+    sum(v.sum() for v in out.values()).backward()
+    assert all(p.grad is not None for p in model.experts.parameters())
