@@ -8,7 +8,8 @@ Two ways to read, chosen when the store opens:
 - mirror (SQLite store with at most `serving.online_mirror_entities` entities per view): every
   view is held in memory as sorted ids + a value matrix, loaded at startup; each lookup checks
   SQLite's `data_version` (a few microseconds) and, when a materialization has committed since the
-  copy was taken, reloads it in a background thread while requests keep using the old copy.
+  copy was taken, reloads it in a background thread while requests keep using the old copy (a
+  store that could not be held, e.g. not materialized yet, is tried again at its next change).
 - on demand (larger stores, Redis, the mirror off): entities are read from the store and cached per
   (feature view, entity), unknown entities included; the cache is emptied every
   `serving.feature_cache_seconds` (and when it holds `serving.feature_cache_entries`), so no value
@@ -134,15 +135,16 @@ class OnlineFeatures:
                 rows = [{k: int(v[i]) for k, v in ids.items()} for i in range(n)]
                 got = online_features(self.config, self.paths, rows, store=self._store)
                 return {c: np.array([np.nan if v is None else float(v) for v in got[c]], np.float64) for c in self.columns}
-            if self._mirror is not None:
+            if self._sqlite is not None and self._mirror_entities > 0:
                 version = self._sqlite.data_version()
                 if version != self._mirror_version and (self._reloading is None or not self._reloading.is_alive()):
-                    # the store changed: reload in the background, keep answering from the old copy
+                    # the store changed: (re)load in the background and keep answering from the old
+                    # copy, or on demand when there is none yet (a first materialization, a failed load)
                     self._reloading = threading.Thread(target=self._reload, args=(version,), name="online-mirror", daemon=True)
                     self._reloading.start()
-                mirror = self._mirror
-                if mirror is not None:
-                    return self._read_mirror(mirror, ids)
+            mirror = self._mirror
+            if mirror is not None:
+                return self._read_mirror(mirror, ids)
             return self._read_direct(ids)
 
     def _read_mirror(self, mirror: dict[str, ViewTable], ids: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

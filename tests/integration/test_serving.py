@@ -219,6 +219,34 @@ def test_online_mirror_matches_the_store_and_reloads_after_a_write(served, windo
     assert online.reads == 0
 
 
+def test_a_store_too_large_to_hold_is_read_on_demand_and_tried_again_when_it_changes(served, window):
+    import datetime as dt
+
+    from features.store import get_store
+    from lattice.serving.online import OnlineFeatures
+
+    config, paths = served["config"], served["paths"]
+    small = config.model_copy(update={"serving": config.serving.model_copy(update={"online_mirror_entities": 1})})
+    online = OnlineFeatures(small, paths)
+    online.open()
+    ids = {k: np.array([int(i) for i in window[k]], np.int64) for k in online.entity_keys}
+    before, _ = online.lookup_ids(ids)
+    assert online.mode == "cache" and online.reads > 0  # too large for 1 entity: read on demand
+    online._mirror_entities = 1_000_000  # as if the limit were raised (or the store had shrunk)
+    view = next(a for a in config.features.aggregates if a.entity == "user_id")
+    now = dt.datetime.now(dt.timezone.utc)
+    row = {"user_id": [987_654_321_778], "event_timestamp": [now], "created": [now]}
+    row.update({c: [1] if "count" in c else [0.5] for c, k in online.columns.items() if k == "user_id"})
+    get_store(config, paths).write_to_online_store(view.name, df=pd.DataFrame(row))
+    deadline = time.time() + 30
+    while online.mode != "mirror" and time.time() < deadline:
+        online.lookup_ids(ids)
+        time.sleep(0.05)
+    assert online.mode == "mirror"
+    after, _ = online.lookup_ids(ids)
+    assert all(np.array_equal(before[c], after[c]) for c in before)  # same values, now from memory
+
+
 GOOD = {"domain": "feed", "entities": {"user_id": 1, "ad_id": 2}, "features": {"device": 1, "price": 1.5}}
 
 
