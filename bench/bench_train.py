@@ -125,7 +125,7 @@ def throughput_worker(args) -> None:
     from lattice.training.loop import SPARSE_OPTIMIZERS
     from lattice.training.loss import mdmo_loss
 
-    config = load_config(args.config).model_copy(update={"data_root": str(Path(args.workdir) / "raw")})
+    config = load_config(args.config, args.overrides).model_copy(update={"data_root": str(Path(args.workdir) / "raw")})
     config = config.model_copy(update={"training": config.training.model_copy(update={"batch_size": args.batch_size})})
     paths = Paths.for_config(config, Path(args.workdir) / "work")
     rank, world, _ = D.init_process_group() if args.impl == "torchrec" else (0, 1, False)
@@ -171,32 +171,46 @@ def throughput_worker(args) -> None:
         print(json.dumps({"impl": args.impl, "world": world, "examples": n, "seconds": secs, "examples_per_s": n / secs}))
 
 
+RUNS = {  # name -> (implementation, ranks, threads per rank)
+    "plain_1thread": ("plain", 1, 1),
+    "plain_2threads": ("plain", 1, 2),  # plain PyTorch on the same two cores the 2-rank run uses
+    "torchrec_1rank": ("torchrec", 1, 1),
+    "torchrec_2ranks": ("torchrec", 2, 1),
+}
+RATIOS = [("torchrec_2ranks", "plain_1thread"), ("torchrec_2ranks", "plain_2threads"), ("torchrec_1rank", "plain_1thread")]
+
+
 def throughput(args) -> dict:
-    common = [sys.executable, __file__, "--throughput-worker", "--config", args.config, "--workdir", args.workdir,
-              "--steps", str(args.steps), "--batch-size", str(args.batch_size), "--rows", str(args.rows)]
+    """Every run `--repeats` times, the rounds interleaved so that a noisy spell on this shared
+    machine hits every implementation alike; medians of examples/s and of the per-round ratios."""
+    common = ["--throughput-worker", "--config", args.config, "--workdir", args.workdir, "--steps", str(args.steps),
+              "--batch-size", str(args.batch_size), "--rows", str(args.rows)] + [f"--set={o}" for o in args.overrides]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    runs = {
-        "plain_1rank": common + ["--impl", "plain"],
-        "torchrec_1rank": common + ["--impl", "torchrec"],
-        "torchrec_2ranks": [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--nnodes=1",
-                            "--master_addr=127.0.0.1", "--master_port=29517", __file__, "--throughput-worker",
-                            *common[3:], "--impl", "torchrec"],
-    }
-    out = {}
-    for name, cmd in runs.items():
-        # one thread per rank everywhere, so the comparison is per core
-        res = subprocess.run(cmd, env={**env, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True)
-        line = [x for x in res.stdout.splitlines() if x.startswith("{")]
-        if res.returncode or not line:
-            print(f"{name} failed:\n{res.stderr[-2000:]}")
-            continue
-        out[name] = json.loads(line[-1])
-        print(f"{name:16s} {out[name]['examples_per_s']:>10,.0f} examples/s", flush=True)
-    if "plain_1rank" in out:
-        for k in ("torchrec_1rank", "torchrec_2ranks"):
-            if k in out:
-                print(f"{k} / plain_1rank = {out[k]['examples_per_s'] / out['plain_1rank']['examples_per_s']:.2f}x (goal >= 1.5x)")
-    return out
+    rounds: list[dict] = []
+    for r in range(args.repeats):
+        got = {}
+        for name, (impl, ranks, threads) in RUNS.items():
+            launch = [sys.executable, __file__] if ranks == 1 else [
+                sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={ranks}", "--nnodes=1",
+                "--master_addr=127.0.0.1", "--master_port=29517", __file__]
+            res = subprocess.run(launch + common + ["--impl", impl], env={**env, "OMP_NUM_THREADS": str(threads)},
+                                 capture_output=True, text=True)
+            line = [x for x in res.stdout.splitlines() if x.startswith("{")]
+            if res.returncode or not line:
+                print(f"{name} failed:\n{res.stderr[-2000:]}")
+                continue
+            got[name] = json.loads(line[-1])["examples_per_s"]
+        rounds.append(got)
+        print(f"round {r + 1}/{args.repeats}: " + ", ".join(f"{k} {v:,.0f}" for k, v in got.items()) + " examples/s", flush=True)
+    med = {k: float(np.median([g[k] for g in rounds if k in g])) for k in RUNS if any(k in g for g in rounds)}
+    ratios = {f"{a}/{b}": float(np.median([g[a] / g[b] for g in rounds if a in g and b in g]))
+              for a, b in RATIOS if a in med and b in med}
+    print(f"\nmedian of {args.repeats} rounds, {args.batch_size} examples per rank per step:")
+    for k, v in med.items():
+        print(f"  {k:16s} {v:>10,.0f} examples/s")
+    for k, v in ratios.items():
+        print(f"  {k:32s} {v:.2f}x (goal >= 1.5x)")
+    return {"rounds": rounds, "median_examples_per_s": med, "median_ratios": ratios, "batch_size_per_rank": args.batch_size}
 
 
 def main() -> None:
@@ -208,10 +222,13 @@ def main() -> None:
     p.add_argument("--nproc", type=int, default=2)
     p.add_argument("--epochs", type=int, default=None)
     p.add_argument("--seed", type=int, default=None, help="training.seed for every model (default: the config's)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE",
+                   help="a config change for this run (repeatable), e.g. --set models.teacher.experts=8")
     p.add_argument("--training-set", default=None,
                    help="a feature-stage training set folder (with the history aggregates) to train on instead of the "
                         "generated pandas table; e.g. bench_pipeline.py's <workdir>/wd_1000000/training_set")
     p.add_argument("--steps", type=int, default=30, help="timed steps per throughput run")
+    p.add_argument("--repeats", type=int, default=3, help="interleaved rounds of the throughput runs (medians reported)")
     p.add_argument("--batch-size", type=int, default=1024)
     p.add_argument("--skip-quality", action="store_true")
     p.add_argument("--skip-throughput", action="store_true")
@@ -227,7 +244,7 @@ def main() -> None:
         link.parent.mkdir(parents=True, exist_ok=True)
         if not link.exists():
             link.symlink_to(Path(args.training_set).resolve())
-    config, paths = prepare(load_config(args.config), args.rows, Path(args.workdir))
+    config, paths = prepare(load_config(args.config, args.overrides), args.rows, Path(args.workdir))
     if args.seed is not None:  # seed-to-seed spread is the noise floor for every comparison below
         config = config.model_copy(update={"training": config.training.model_copy(update={"seed": args.seed})})
     print(f"training seed {config.training.seed}")

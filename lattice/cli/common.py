@@ -7,11 +7,18 @@ import sys
 from lattice.config import ConfigError, PlatformConfig, load_config
 
 
-def load_or_exit(path: str) -> PlatformConfig:
-    """Load a config or print every problem and exit 1 (commands never start on a bad config)."""
+def load_or_exit(path: str, overrides: list[str] | None = None) -> PlatformConfig:
+    """Load a config (with `--set KEY=VALUE` overrides) or print every problem and exit 1
+    (commands never start on a bad config)."""
     try:
-        return load_config(path)
+        return load_config(path, overrides)
     except ConfigError as exc:
         for p in exc.problems:
             print(p.render(exc.file), file=sys.stderr)
         raise SystemExit(1) from None
+
+
+def add_set_argument(p) -> None:
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE",
+                   help="change one config value for this run (repeatable), e.g. --set training.epochs=1 "
+                        "--set models.teacher.experts=8 --set objectives.conversion.given=click")

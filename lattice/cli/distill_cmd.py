@@ -5,14 +5,14 @@ from __future__ import annotations
 import argparse
 import json
 
-from lattice.cli.common import load_or_exit
+from lattice.cli.common import add_set_argument, load_or_exit
 
 
 def _distill(args: argparse.Namespace) -> int:
     from lattice.distill.stages import distill
     from lattice.paths import Paths
 
-    config = load_or_exit(args.config)
+    config = load_or_exit(args.config, args.overrides)
     paths = Paths.for_config(config, args.workdir).ensure()
     summary = distill(config, paths, nproc=args.nproc, epochs=args.epochs)
     print(json.dumps(summary, indent=2, default=str))
@@ -25,4 +25,5 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--workdir", default=None, help="work directory (default: the config's workdir)")
     p.add_argument("--nproc", type=int, default=None, help="training processes (default: training.nproc)")
     p.add_argument("--epochs", type=int, default=None, help="student epochs (default: training.epochs)")
+    add_set_argument(p)
     p.set_defaults(func=_distill)

@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from lattice.cli.common import load_or_exit
+from lattice.cli.common import add_set_argument, load_or_exit
 
 
 def _evaluate(args: argparse.Namespace) -> int:
@@ -15,7 +15,7 @@ def _evaluate(args: argparse.Namespace) -> int:
     from lattice.models.build import baseline_names
     from lattice.paths import Paths
 
-    config = load_or_exit(args.config)
+    config = load_or_exit(args.config, args.overrides)
     paths = Paths.for_config(config, args.workdir)
     names: list[str] = []
     for m in args.model or ["all"]:
@@ -45,4 +45,5 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("config", help="platform config YAML")
     p.add_argument("--model", action="append", help="model name (repeatable); 'all' (default) or 'all-baselines'")
     p.add_argument("--workdir", default=None, help="default: the config's workdir (or $LATTICE_WORKDIR)")
+    add_set_argument(p)
     p.set_defaults(func=_evaluate)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from lattice.cli.common import load_or_exit
+from lattice.cli.common import add_set_argument, load_or_exit
 
 CHOICES = ["teacher", "student", "separate", "pooled", "mmoe", "shared_bottom", "all-baselines"]
 
@@ -42,7 +42,7 @@ def _train(args: argparse.Namespace) -> int:
     from lattice.paths import Paths
     from lattice.training.stages import train
 
-    config = load_or_exit(args.config)
+    config = load_or_exit(args.config, args.overrides)
     paths = Paths.for_config(config, args.workdir)
     models = baseline_names(config) if args.model == "all-baselines" else [args.model]
     results = {}
@@ -74,4 +74,5 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--teacher-scores", default=None, help="parquet of example_id + p_<objective> (distillation)")
     p.add_argument("--seed", type=int, default=None, help="default: training.seed")
     p.add_argument("--resume", action="store_true", help="continue from the model's last checkpoint (same --nproc)")
+    add_set_argument(p)
     p.set_defaults(func=_train)

@@ -98,7 +98,33 @@ def parse_config(data: object, file: str = "<memory>") -> PlatformConfig:
     return cfg
 
 
-def load_config(path: str | os.PathLike) -> PlatformConfig:
+def apply_overrides(data: dict, overrides: list[str], file: str) -> dict:
+    """`KEY.PATH=VALUE` edits of the parsed YAML (VALUE is YAML: `2`, `[128, 64]`, `null`). A list
+    of named entries (domains, objectives, sources, features.sparse...) is indexed by name:
+    `objectives.conversion.given=click`. Lets a run try a variant without editing the file."""
+    for item in overrides:
+        key, eq, text = item.partition("=")
+        if not eq or not key.strip():
+            raise ConfigError(file, [Problem(f"--set {item}", item, "write an override as KEY.PATH=VALUE, e.g. training.epochs=1")])
+        node: object = data
+        parts = key.strip().split(".")
+        for i, part in enumerate(parts[:-1]):
+            if isinstance(node, list):
+                node = next((x for x in node if isinstance(x, dict) and x.get("name") == part), None)
+            elif isinstance(node, dict):
+                node = node.setdefault(part, {}) if part not in node else node[part]
+            if not isinstance(node, (dict, list)):
+                where = ".".join(parts[: i + 1])
+                raise ConfigError(file, [Problem(f"--set {key}", where, "no such section or named entry in the config; "
+                                                 "check the spelling (see configs/demo.yaml)")])
+        if not isinstance(node, dict):
+            raise ConfigError(file, [Problem(f"--set {key}", key, "the key must end in a field name, not a list")])
+        node[parts[-1]] = yaml.safe_load(text)
+    return data
+
+
+def load_config(path: str | os.PathLike, overrides: list[str] | None = None) -> PlatformConfig:
+    """The validated config in `path`, with `overrides` (KEY.PATH=VALUE, see `apply_overrides`)."""
     p = Path(path)
     if not p.is_file():
         raise ConfigError(str(p), [Problem("", str(p), "config file not found; pass a path like configs/demo.yaml")])
@@ -109,6 +135,8 @@ def load_config(path: str | os.PathLike) -> PlatformConfig:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "?"
         raise ConfigError(str(p), [Problem(where, None, f"not valid YAML ({getattr(exc, 'problem', exc)}); fix the syntax there")]) from None
+    if overrides and isinstance(data, dict):
+        data = apply_overrides(data, overrides, str(p))
     cfg = parse_config(data, str(p))
     cfg._source_file = str(p.resolve())
     return cfg

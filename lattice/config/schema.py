@@ -224,6 +224,12 @@ class ModelSize(Strict):
     domain_token: bool = True
     domain_untied: bool = False
     """Give every domain its own final interaction layer (parameter untying)."""
+    domain_fm: int = Field(default=0, ge=0)
+    """Channels of domain-weighted pairwise interactions: for each channel c, every pair of input
+    tokens contributes x_i · diag(s[domain, c]) · x_j, with a learned weight vector per (domain,
+    channel). A dot product of embeddings is one fixed bilinear form; these give each domain its
+    own (a domain-specific interaction metric, as STAR's domain-times-shared weights do for MLPs).
+    0: off."""
     dropout: float = Field(default=0.0, ge=0, lt=1)
 
 

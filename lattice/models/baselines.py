@@ -14,7 +14,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from lattice.config import PlatformConfig
 from lattice.config.schema import ModelSize
-from lattice.models.chain import chained_logit, chains, conditional_rates
+from lattice.models.chain import apply_chains, chains, conditional_rates
 from lattice.models.interaction import mlp
 from lattice.models.lattice_net import LatticeNet, set_head_bias
 from lattice.models.sparse import SparseArch
@@ -87,6 +87,4 @@ class MultiTaskModel(nn.Module):
         for o in self.objectives:
             h = e[:, 0] if self.gates is None else torch.einsum("be,beh->bh", torch.softmax(self.gates[o](x), -1), e)  # (B, H)
             out[o] = self.towers[o](h).squeeze(-1)  # (B,)
-        for o, given in self.chains:
-            out[o] = chained_logit(out[given], out[o])
-        return out
+        return apply_chains(out, self.chains)

@@ -9,7 +9,7 @@ so losses, metrics, distillation and export need no change.
 
 from __future__ import annotations
 
-from typing import List, Tuple
+from typing import Dict, List, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -26,6 +26,13 @@ def chained_logit(given: torch.Tensor, conditional: torch.Tensor) -> torch.Tenso
     """logit of sigmoid(given) · sigmoid(conditional), computed in log space (rare events stay exact)."""
     log_p = (F.logsigmoid(given) + F.logsigmoid(conditional)).clamp(max=-1e-7)  # log P(o) < 0
     return log_p - torch.log(-torch.expm1(log_p))  # log P - log(1 - P)
+
+
+def apply_chains(out: Dict[str, torch.Tensor], pairs: List[Tuple[str, str]]) -> Dict[str, torch.Tensor]:
+    """Replace each chained objective's conditional logit in `out` by its unconditional one."""
+    for o, given in pairs:
+        out[o] = chained_logit(out[given], out[o])
+    return out
 
 
 def conditional_rates(rates: dict[str, float], pairs: List[Tuple[str, str]]) -> dict[str, float]:

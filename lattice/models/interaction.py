@@ -39,6 +39,30 @@ class WukongLayer(nn.Module):
         return self.norm(out + res)
 
 
+class DomainFM(nn.Module):
+    """(B, N, D) tokens + (B,) domains -> (B, C·N(N-1)/2): for every channel c and token pair i < j,
+    x_i · (s[d, c] ⊙ x_j). The weights start near 1 (plain dot products, as an FM has) and learn a
+    signed diagonal metric per domain, so an interaction can differ in sign and scale by domain."""
+
+    def __init__(self, n_tokens: int, dim: int, n_domains: int, channels: int):
+        super().__init__()
+        self.channels, self.dim = channels, dim
+        self.scale = nn.Parameter(1.0 + 0.1 * torch.randn(n_domains, channels, dim))  # (n_dom, C, D)
+        i, j = torch.triu_indices(n_tokens, n_tokens, offset=1)
+        self.register_buffer("pair_i", i, persistent=False)
+        self.register_buffer("pair_j", j, persistent=False)
+
+    @property
+    def out_dim(self) -> int:
+        return self.channels * self.pair_i.numel()
+
+    def forward(self, x: torch.Tensor, domain: torch.Tensor) -> torch.Tensor:
+        s = self.scale[domain]  # (B, C, D)
+        left = x[:, self.pair_i]  # (B, P, D)
+        right = x[:, self.pair_j]  # (B, P, D)
+        return torch.einsum("bpd,bcd->bcp", left * right, s).flatten(1)  # (B, C·P)
+
+
 class DomainUntied(nn.Module):
     """One copy of a layer per domain; each example goes through its own domain's copy."""
 

@@ -11,8 +11,8 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from lattice.config import PlatformConfig
 from lattice.config.schema import ModelSize
-from lattice.models.chain import chained_logit, chains, conditional_rates
-from lattice.models.interaction import DomainUntied, WukongLayer, mlp, trunk
+from lattice.models.chain import apply_chains, chains, conditional_rates
+from lattice.models.interaction import DomainFM, DomainUntied, WukongLayer, mlp, trunk
 from lattice.models.sparse import SparseArch
 
 DENSE_TOKENS = 2
@@ -50,6 +50,8 @@ class LatticeNet(nn.Module):
         self.domain = nn.Embedding(n_domains, d) if use_domain else None
         n = self.sparse.num_tokens + (DENSE_TOKENS if n_dense else 0) + (1 if use_domain else 0)
         context = n  # tokens the heads see: the input tokens and every layer's output (below)
+        # domain-weighted pairwise interactions of the input tokens, next to them in the context
+        self.domain_fm = DomainFM(n, d, n_domains, size.domain_fm) if size.domain_fm else None
         untied = size.domain_untied if domain_untied is None else domain_untied
         layers: list[nn.Module] = []
         for i in range(size.num_layers):
@@ -59,7 +61,7 @@ class LatticeNet(nn.Module):
             n = size.num_tokens
             context += n
         self.interaction = nn.ModuleList(layers)
-        n_flat = context * d
+        n_flat = context * d + (self.domain_fm.out_dim if self.domain_fm is not None else 0)
         head_in = size.shared_dims[-1] if size.shared_dims else n_flat
         # between the tokens and the heads: nothing, one shared stack, or experts mixed per objective
         self.experts = nn.ModuleList([trunk(n_flat, size.shared_dims, size.dropout)
@@ -86,6 +88,8 @@ class LatticeNet(nn.Module):
         # heads read every layer's tokens (Lattice's extended context: DenseNet-style residuals),
         # so low-order signals in the inputs reach them without passing every interaction layer
         context = [x.flatten(1)]
+        if self.domain_fm is not None:
+            context.append(self.domain_fm(x, domain))
         for layer in self.interaction:
             x = layer(x, domain) if isinstance(layer, DomainUntied) else layer(x)
             context.append(x.flatten(1))
@@ -97,6 +101,4 @@ class LatticeNet(nn.Module):
             e = torch.stack([ex(flat) for ex in self.experts], dim=1)  # (B, E, H)
             out = {o: head(torch.einsum("be,beh->bh", torch.softmax(self.gates[o](flat), -1), e)).squeeze(-1)
                    for o, head in self.heads.items()}
-        for o, given in self.chains:
-            out[o] = chained_logit(out[given], out[o])
-        return out
+        return apply_chains(out, self.chains)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import sqlite3
 import struct
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -101,16 +102,11 @@ class SqliteOnlineReader:
         entity it has never seen)."""
         keys = self._keys(join_key, ids)
         row_of = {k: r for r, k in enumerate(keys)}
-        column = {f: j for j, f in enumerate(feats)}
-        matrix = np.full((len(ids), len(feats)), np.nan)
         table = self._tables[view_name].replace('"', '""')
         rows = self._conn.execute(
             f'SELECT entity_key, feature_name, value FROM "{table}" WHERE entity_key IN ({",".join("?" * len(keys))})',
             keys).fetchall()
-        for key, name, blob in rows:
-            j = column.get(name)
-            if j is not None:
-                matrix[row_of[key], j] = _number(blob)
+        matrix = _matrix(rows, feats, len(ids), row_of.__getitem__)
         return dict(zip(ids, matrix))  # rows of one matrix: no per-entity allocation
 
     def read_view(self, view_name: str, join_key: str, feats: list[str], max_entities: int) -> ViewTable | None:
@@ -126,20 +122,17 @@ class SqliteOnlineReader:
         conn = self._connect()
         try:
             conn.execute("BEGIN")  # one snapshot for the count and the rows
-            (n,) = conn.execute(f'SELECT COUNT(DISTINCT entity_key) FROM "{table}"').fetchone()
+            # the count stops at max_entities + 1 keys, so a store far too large to hold costs
+            # a bounded scan (at each materialization) rather than a pass over all of it
+            (n,) = conn.execute(f'SELECT COUNT(*) FROM (SELECT DISTINCT entity_key FROM "{table}" LIMIT ?)',
+                                (max_entities + 1,)).fetchone()
             if n > max_entities:
                 return None
             rows = conn.execute(f'SELECT entity_key, feature_name, value FROM "{table}"').fetchall()
         finally:
             conn.close()
-        column = {f: j for j, f in enumerate(feats)}
         row_of: dict[bytes, int] = {}
-        values = np.full((n, len(feats)), np.nan)
-        for key, name, blob in rows:
-            r = row_of.setdefault(key, len(row_of))
-            j = column.get(name)
-            if j is not None:
-                values[r, j] = _number(blob)
+        values = _matrix(rows, feats, n, lambda key: row_of.setdefault(key, len(row_of)))
         if any(len(k) != size or not k.startswith(pre) or not k.endswith(post) for k in row_of):
             return None  # a key in another encoding: leave this view to per-entity reads
         ids = np.array([struct.unpack_from("<q", k, len(pre))[0] for k in row_of], np.int64)
@@ -148,6 +141,18 @@ class SqliteOnlineReader:
 
     def close(self) -> None:
         self._conn.close()
+
+
+def _matrix(rows: list, feats: list[str], n: int, row: Callable[[bytes], int]) -> np.ndarray:
+    """(entity_key, feature_name, value) rows -> (n, len(feats)) floats, NaN where no row holds a
+    value; `row(key)` is the key's row, asked for every key (features not in `feats` are skipped)."""
+    column = {f: j for j, f in enumerate(feats)}
+    out = np.full((n, len(feats)), np.nan)
+    for key, name, blob in rows:
+        r, j = row(key), column.get(name)
+        if j is not None:
+            out[r, j] = _number(blob)
+    return out
 
 
 _DOUBLE, _INT64 = 0x29, 0x20  # Value proto tags: double_val (field 5, fixed64), int64_val (field 4, varint)

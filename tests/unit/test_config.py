@@ -134,3 +134,26 @@ def test_cli_config_check(tmp_path: Path) -> None:
     res = subprocess.run(cli + ["config", "check", str(bad)], capture_output=True, text=True)
     assert res.returncode == 1
     assert "training.batchsize" in res.stderr and "unknown key" in res.stderr
+
+
+def test_set_overrides_change_values_and_named_entries() -> None:
+    demo = ROOT / "configs" / "demo.yaml"
+    cfg = load_config(demo, ["training.epochs=1", "models.teacher.shared_dims=[256, 128]", "objectives.conversion.given=click",
+                             "features.sparse.user_id.num_embeddings=1000"])
+    assert cfg.training.epochs == 1
+    assert cfg.models.teacher.shared_dims == [256, 128]
+    assert next(o for o in cfg.objectives if o.name == "conversion").given == "click"
+    assert next(f for f in cfg.features.sparse if f.name == "user_id").num_embeddings == 1000
+    assert load_config(demo).training.epochs != 1  # the file is untouched
+
+
+@pytest.mark.parametrize("override, expected", [
+    ("training.epochs", "KEY.PATH=VALUE"),  # no '='
+    ("objectives.purchase.loss_weight=2", "no such section or named entry"),
+    ("training.batchsize=8", "unknown key"),  # caught by validation, with the path
+    ("training.epochs=-1", "training.epochs"),
+])
+def test_bad_set_override_names_the_key(override: str, expected: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(ROOT / "configs" / "demo.yaml", [override])
+    assert expected in str(info.value) and "demo.yaml" in str(info.value)
