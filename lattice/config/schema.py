@@ -257,6 +257,10 @@ class Training(Strict):
     epochs: int = Field(default=2, ge=1)
     lr_dense: float = Field(default=1e-3, gt=0)
     lr_sparse: float = Field(default=0.05, gt=0)
+    lr_decay_to: float = Field(default=1.0, gt=0, le=1)
+    """The dense learning rate at the end of the last epoch, as a fraction of lr_dense: it falls
+    linearly over the planned steps (epochs x training rows / batch_size). Below 1, training ends
+    on an average of many batches rather than on the noise of the last few; 1 keeps it constant."""
     sparse_optimizer: Literal["adagrad", "sgd", "rowwise_adagrad"] = "rowwise_adagrad"
     validation_fraction: float = Field(default=0.1, gt=0, lt=1)
     test_fraction: float = Field(default=0.1, gt=0, lt=1)
@@ -513,7 +517,7 @@ class PlatformConfig(Strict):
                     out.append((f"objectives[{i}].domains", d, f"no source of domain {d!r} has a label for {o.name!r}; "
                                 "add it to that source's 'labels' or drop the domain from this objective"))
         t, st = self.models.teacher, self.models.student
-        bigger = [k for k in ("embedding_dim", "table_scale", "num_layers", "num_tokens", "fm_rank") if getattr(st, k) > getattr(t, k)]
+        bigger = [k for k in ("embedding_dim", "table_scale", "num_layers", "num_tokens", "fm_rank", "domain_fm") if getattr(st, k) > getattr(t, k)]
         if bigger or sum(st.head_dims) > sum(t.head_dims):
             bigger = bigger or ["head_dims"]
             out.append((f"models.student.{bigger[0]}", getattr(st, bigger[0]),

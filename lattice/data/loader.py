@@ -70,6 +70,11 @@ def scan_units(root: Path) -> list[Unit]:
     return units
 
 
+def table_rows(root: Path) -> int:
+    """Rows of the table, from the parquet footers (no data read)."""
+    return sum(pq.ParquetFile(f).metadata.num_rows for f in sorted({u.file for u in scan_units(root)}))
+
+
 def table_columns(root: Path) -> set[str]:
     """Columns of the table: file schema plus hive partition keys (first file decides)."""
     u = scan_units(root)[0]

@@ -24,7 +24,7 @@ from tqdm import tqdm
 
 from lattice.config import PlatformConfig
 from lattice.data.batch import Batch, kjt_from_ids
-from lattice.data.loader import BatchLoader
+from lattice.data.loader import BatchLoader, table_rows
 from lattice.data.transforms import DenseStats
 from lattice.evaluation.metrics import cell_metrics, ne_from_sums
 from lattice.models import build_model, kind_of
@@ -111,6 +111,8 @@ class Trainer:
         self.model = D.wrap(model, self.plan)
         dense = [p for _, p in in_backward_optimizer_filter(self.model.named_parameters())]
         self.dense_opt = torch.optim.Adam(dense, lr=tr.lr_dense)
+        train_rows = table_rows(Path(spec.table)) * (1 - tr.validation_fraction - tr.test_fraction)
+        self.planned_steps = max(1, math.ceil(spec.epochs * train_rows / tr.batch_size))
         self.state = TrainState()
         self.best: dict | None = None
 
@@ -180,6 +182,7 @@ class Trainer:
             loss = mdmo_loss(self.config, logits, batch).total
             self.dense_opt.zero_grad()
             loss.backward()
+            self._set_dense_lr(st.global_step)
             self.dense_opt.step()
             st.step_in_epoch += 1
             st.global_step += 1
@@ -204,6 +207,14 @@ class Trainer:
         bar.close()
         st.epoch_seconds += time.perf_counter() - started
         return True
+
+    def _set_dense_lr(self, step: int) -> None:
+        """Linear decay from lr_dense to lr_dense * lr_decay_to over the planned steps; a function
+        of the step alone, so a resumed run follows the same schedule."""
+        tr = self.config.training
+        lr = tr.lr_dense * (1 - (1 - tr.lr_decay_to) * min(1.0, step / self.planned_steps))
+        for group in self.dense_opt.param_groups:
+            group["lr"] = lr
 
     @torch.no_grad()
     def validate(self) -> dict[str, float]:
