@@ -40,7 +40,7 @@ class WukongLayer(nn.Module):
 
 
 class DomainFM(nn.Module):
-    """(B, N, D) tokens + (B,) domains -> (B, C·N(N-1)/2): for every channel c and token pair i < j,
+    """(B, N, D) tokens + (B,) domains -> (B, N(N-1)/2 · C): for every token pair i < j and channel c,
     x_i · (s[d, c] ⊙ x_j). The weights start near 1 (plain dot products, as an FM has) and learn a
     signed diagonal metric per domain, so an interaction can differ in sign and scale by domain."""
 
@@ -49,18 +49,25 @@ class DomainFM(nn.Module):
         self.channels, self.dim = channels, dim
         self.scale = nn.Parameter(1.0 + 0.1 * torch.randn(n_domains, channels, dim))  # (n_dom, C, D)
         i, j = torch.triu_indices(n_tokens, n_tokens, offset=1)
-        self.register_buffer("pair_i", i, persistent=False)
-        self.register_buffer("pair_j", j, persistent=False)
+        eye = torch.eye(n_tokens)
+        # pairs are picked by one-hot matmuls: their backward is a matmul too, where an index
+        # gather's backward is a scatter (3x slower on CPU at batch 1024)
+        self.register_buffer("pick_i", eye[i], persistent=False)  # (P, N)
+        self.register_buffer("pick_j", eye[j], persistent=False)  # (P, N)
 
     @property
     def out_dim(self) -> int:
-        return self.channels * self.pair_i.numel()
+        return self.channels * self.pick_i.shape[0]
 
     def forward(self, x: torch.Tensor, domain: torch.Tensor) -> torch.Tensor:
-        s = self.scale[domain]  # (B, C, D)
-        left = x[:, self.pair_i]  # (B, P, D)
-        right = x[:, self.pair_j]  # (B, P, D)
-        return torch.einsum("bpd,bcd->bcp", left * right, s).flatten(1)  # (B, C·P)
+        b, n_dom = x.shape[0], self.scale.shape[0]
+        pairs = torch.matmul(self.pick_i, x) * torch.matmul(self.pick_j, x)  # (B, P, D): x_i ⊙ x_j
+        # every domain's weights in one matmul, then each row keeps its own domain's: cheaper on
+        # CPU than a batched matmul of per-example weights
+        every = (pairs.reshape(-1, self.dim) @ self.scale.view(n_dom * self.channels, self.dim).t())
+        every = every.view(b, -1, n_dom, self.channels)  # (B, P, n_dom, C)
+        index = domain.view(b, 1, 1, 1).expand(b, every.shape[1], 1, self.channels)
+        return every.gather(2, index).flatten(1)  # (B, P·C)
 
 
 class DomainUntied(nn.Module):

@@ -111,12 +111,12 @@ def test_domain_fm_weights_each_token_pair_by_its_domain() -> None:
     torch.manual_seed(0)
     fm = DomainFM(n_tokens=3, dim=4, n_domains=2, channels=2)
     x, domain = torch.randn(5, 3, 4), torch.tensor([0, 1, 1, 0, 1])
-    got = fm(x, domain).view(5, 2, 3)  # (B, C, pairs (0,1), (0,2), (1,2))
+    got = fm(x, domain).view(5, 3, 2)  # (B, pairs (0,1), (0,2), (1,2), C)
     for b in range(5):
         for c in range(2):
             s = fm.scale[domain[b], c]
             want = [float((x[b, i] * s * x[b, j]).sum()) for i, j in [(0, 1), (0, 2), (1, 2)]]
-            assert torch.allclose(got[b, c], torch.tensor(want), atol=1e-5)
+            assert torch.allclose(got[b, :, c], torch.tensor(want), atol=1e-5)
     # the same tokens in another domain interact differently
     assert not torch.allclose(fm(x, torch.zeros(5, dtype=torch.long)), fm(x, torch.ones(5, dtype=torch.long)))
 
