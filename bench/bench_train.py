@@ -29,13 +29,18 @@ from lattice.config import PlatformConfig, load_config  # noqa: E402
 from lattice.paths import Paths  # noqa: E402
 
 
-def prepare(config: PlatformConfig, rows: int, workdir: Path) -> tuple[PlatformConfig, Paths]:
+def prepare(config: PlatformConfig, rows: int, workdir: Path, have_training_set: bool = False) -> tuple[PlatformConfig, Paths]:
+    """The config pointed at `workdir`; the synthetic logs and the pandas table are written unless
+    a feature-stage training set is linked in (the loader reads that in preference, and at 10M rows
+    the pandas table alone takes many minutes)."""
     from lattice.data.local_table import write_local_table
     from lattice.data.synth import generate
 
     raw = workdir / "raw"
     config = config.model_copy(update={"data_root": str(raw)})
     paths = Paths.for_config(config, workdir / "work")
+    if have_training_set:
+        return config, paths
     manifest = raw / "manifest.json"
     if not (manifest.exists() and json.loads(manifest.read_text()).get("rows") == rows):
         t = time.perf_counter()
@@ -244,7 +249,7 @@ def main() -> None:
         link.parent.mkdir(parents=True, exist_ok=True)
         if not link.exists():
             link.symlink_to(Path(args.training_set).resolve())
-    config, paths = prepare(load_config(args.config, args.overrides), args.rows, Path(args.workdir))
+    config, paths = prepare(load_config(args.config, args.overrides), args.rows, Path(args.workdir), bool(args.training_set))
     if args.seed is not None:  # seed-to-seed spread is the noise floor for every comparison below
         config = config.model_copy(update={"training": config.training.model_copy(update={"seed": args.seed})})
     print(f"training seed {config.training.seed}")

@@ -60,6 +60,8 @@ class World:
     ad_bias: np.ndarray
     ad_price: np.ndarray
     ad_cdf: np.ndarray
+    segment_centers: np.ndarray  # (N_SEGMENTS, K): what a user's segment alone says of its vector
+    category_centers: np.ndarray  # (N_CATEGORIES, K)
     domain_mix: np.ndarray  # (3, K, K) domain-specific interaction
     cvr_mix: np.ndarray  # (K, K)
     position_effect: np.ndarray
@@ -89,11 +91,33 @@ class World:
             ad_bias=(0.3 * rng.normal(size=n_ads)).astype(f32),
             ad_price=np.exp(rng.normal(2.0, 0.6, N_CATEGORIES)[ad_category] + 0.3 * rng.normal(size=n_ads)).astype(f32),
             ad_cdf=zipf_cdf(n_ads),
+            segment_centers=seg_centers,
+            category_centers=cat_centers,
             domain_mix=rng.normal(0, 0.4, (3, K, K)),
             cvr_mix=rng.normal(0, 0.5, (K, K)),
             position_effect=-0.25 * np.arange(N_POSITIONS),
             device_effect=rng.normal(0, 0.3, N_DEVICES),
         )
+
+
+def id_space(params: Synthetic, rows: int) -> tuple[int, int]:
+    """(users, ads) for a log of `rows` impressions: id spaces grow with N (millions at 10M rows)."""
+    return max(params.users, rows // 4), max(params.ads, rows // 40)
+
+
+def click_logit(world: World, d: np.ndarray, uv: np.ndarray, av: np.ndarray, user_bias: np.ndarray | float,
+                ad_bias: np.ndarray | float, pos: np.ndarray, dev: np.ndarray, query_match: np.ndarray,
+                activity: np.ndarray) -> np.ndarray:
+    """The true click logit from its parts; the oracle-gap benchmark calls it with parts withheld
+    (e.g. segment centres for user vectors) to measure what each kind of information is worth."""
+    shared = np.einsum("nk,nk->n", uv, av)
+    specific = np.einsum("nk,nkj,nj->n", uv, world.domain_mix[d], av)
+    return (
+        BASE_CLICK[d] + 0.6 * shared + 0.5 * specific + world.position_effect[pos]
+        + np.where(d < 2, world.device_effect[dev], 0.0)
+        + np.where((d == 1) & query_match, 1.0, 0.0)
+        + 0.3 * (np.log1p(activity) - 1.0) + user_bias + ad_bias
+    )
 
 
 def _chunk(world: World, rng: np.random.Generator, n: int, t0: float, t1: float) -> pd.DataFrame:
@@ -112,15 +136,7 @@ def _chunk(world: World, rng: np.random.Generator, n: int, t0: float, t1: float)
     price = world.ad_price[a] * rng.lognormal(0, 0.1, n)
 
     uv, av = world.user_vec[u], world.ad_vec[a]  # (n, K)
-    shared = np.einsum("nk,nk->n", uv, av)
-    specific = np.einsum("nk,nkj,nj->n", uv, world.domain_mix[d], av)
-    logit = (
-        BASE_CLICK[d] + 0.6 * shared + 0.5 * specific + world.position_effect[pos]
-        + np.where(d < 2, world.device_effect[dev], 0.0)
-        + np.where((d == 1) & (query == cat), 1.0, 0.0)
-        + 0.3 * (np.log1p(activity) - 1.0) + world.user_bias[u] + world.ad_bias[a]
-    )
-    p_click = _sigmoid(logit)
+    p_click = _sigmoid(click_logit(world, d, uv, av, world.user_bias[u], world.ad_bias[a], pos, dev, query == cat, activity))
     cvr = _sigmoid(BASE_CVR[d] + 0.5 * np.einsum("nk,kj,nj->n", uv, world.cvr_mix, av) - 0.4 * (np.log(price) - 2.0) + world.ad_bias[a])
     p_conv = p_click * cvr
     click = rng.random(n) < p_click
@@ -180,8 +196,7 @@ def generate(config: PlatformConfig, rows: int, out: str | Path, progress: bool 
     """Write `rows` impressions as per-domain raw logs under `out`; return a manifest."""
     params = config.synthetic or Synthetic()
     out = Path(out)
-    n_users = max(params.users, rows // 4)  # id spaces grow with N (millions at 10M rows)
-    n_ads = max(params.ads, rows // 40)
+    n_users, n_ads = id_space(params, rows)
     world = World.draw(params, n_users, n_ads)
     start = dt.datetime.combine(config.time_range.start, dt.time(), tzinfo=dt.timezone.utc).timestamp()
     span = params.days * 86400.0

@@ -93,3 +93,21 @@ def test_timestamps_span_days_and_ids_are_zipf(demo, tmp_path: Path) -> None:
     counts = feed.uid.value_counts()
     # heavy head: the most popular user is seen far more often than the median user
     assert counts.iloc[0] > 20 * counts.median()
+
+
+def test_world_and_click_logit_recompute_the_logged_truth(demo, tmp_path: Path) -> None:
+    """bench/oracle_gap.py rebuilds the world from the config and the row count and recomputes
+    the truth with parts withheld: with nothing withheld it must give back what was logged."""
+    from lattice.data.synth import World, _sigmoid, click_logit, id_space
+
+    generate(demo, 6_000, tmp_path, progress=False)
+    s = pd.concat(pd.read_parquet(p) for p in sorted((tmp_path / "search").glob("*.parquet")))
+    world = World.draw(demo.synthetic, *id_space(demo.synthetic, 6_000))
+    u, a = s.user.to_numpy() - 1, s.ad.to_numpy() - 1
+    p = _sigmoid(click_logit(world, np.ones(len(s), int), world.user_vec[u], world.ad_vec[a], world.user_bias[u],
+                             world.ad_bias[a], s["rank"].to_numpy(), s.device.to_numpy(),
+                             (s.query_cat == s.category).to_numpy(), s.activity.to_numpy()))
+    assert np.abs(p - s.true_click.to_numpy()).max() < 1e-4  # the log rounds truth to 6 decimals, activity to 4
+    # the segment centres are what the users' vectors scatter around
+    seg = world.user_segment
+    assert np.abs(world.user_vec - world.segment_centers[seg]).std() < 0.5 < world.segment_centers.std()
