@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+import warnings
 from typing import Any
 
 import torch
@@ -19,6 +20,11 @@ from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterCons
 from torchrec.distributed.types import ShardingPlan
 
 CPU_SHARDING = ("table_wise", "column_wise", "table_column_wise", "data_parallel")
+
+# fbgemm's CPU kernel for data-parallel ("dense") tables runs its own autograd function under the
+# CPU key, so PyTorch's fallback warns that no Autograd kernel is registered; the gradients are
+# right all the same (tests/unit/test_dense_table_grad.py checks them against nn.EmbeddingBag).
+warnings.filterwarnings("ignore", message=r"fbgemm::dense_embedding_codegen_lookup_function: an autograd kernel")
 
 for _name in ("torchrec.distributed.planner", "torchrec.distributed.utils", "torchrec.distributed.planner.types",
               "torchrec.distributed.planner.storage_reservations", "root"):
