@@ -39,6 +39,7 @@ fi
 if [ "${LATTICE_WITH_BROWSER:-0}" = "1" ] && ! command -v chromium >/dev/null; then
   echo "setup: installing chromium + chromium-driver (Debian) for browser tests"
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
-  $SUDO apt-get update -qq && $SUDO DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null
+  # env: with SUDO empty, a bare VAR=value after an expansion would be run as a command
+  $SUDO apt-get update -qq && $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null
 fi
 echo "setup: done. Try: .venv/bin/lattice --help"
