@@ -321,13 +321,18 @@ class BatchLoader:
 
 
 def fit_dense_stats(config: PlatformConfig, root: Path) -> DenseStats:
-    """One streaming pass over the train split (dense stats and per-objective label rates)."""
-    cols = dense_spec(config, table_columns(root))
+    """One streaming pass over the train split: dense stats, per-objective label rates and the
+    distinct ids of every sparse feature (to check that its table can hold them)."""
+    present = table_columns(root)
+    cols = dense_spec(config, present)
     acc = StatsAccumulator(cols)
     objs = config.objective_names
-    wanted = ["example_id"] + [c.column for c in cols] + [S.label_column(o) for o in objs] + [S.mask_column(o) for o in objs]
+    sparse = {f.name: f.column for f in config.features.sparse if f.column in present}
+    wanted = list(dict.fromkeys(["example_id"] + [c.column for c in cols] + list(sparse.values())
+                                + [S.label_column(o) for o in objs] + [S.mask_column(o) for o in objs]))
     pos = {o: 0.0 for o in objs}
     cnt = {o: 0.0 for o in objs}
+    seen = {name: np.empty(0, np.int64) for name in sparse}
     for unit in scan_units(root):
         tbl, part = read_unit(unit, wanted)
         keep = split_mask(config, tbl.column("example_id").to_pylist(), "train")
@@ -335,6 +340,10 @@ def fit_dense_stats(config: PlatformConfig, root: Path) -> DenseStats:
         raw = {c.column: pc.fill_null(tbl.column(c.column).cast(pa.float64()), 0.0).to_numpy()
                for c in cols if c.column in tbl.column_names}
         acc.add(raw, tbl.num_rows)
+        for name, c in sparse.items():
+            if c in tbl.column_names:
+                ids = pc.drop_null(tbl.column(c)).cast(pa.int64()).to_numpy()
+                seen[name] = np.union1d(seen[name], np.unique(ids))
         for o in objs:
             if S.mask_column(o) in tbl.column_names:
                 m = pc.fill_null(tbl.column(S.mask_column(o)).cast(pa.float64()), 0.0).to_numpy()
@@ -343,6 +352,7 @@ def fit_dense_stats(config: PlatformConfig, root: Path) -> DenseStats:
                 cnt[o] += float(m.sum())
     stats = acc.finish()
     stats.label_rates = {o: (pos[o] / cnt[o] if cnt[o] else 0.5) for o in objs}
+    stats.distinct_ids = {name: int(len(v)) for name, v in seen.items()}
     return stats
 
 

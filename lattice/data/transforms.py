@@ -73,6 +73,7 @@ class DenseStats:
     mean: list[float]
     std: list[float]
     label_rates: dict[str, float] | None = None  # objective -> train positive rate where labelled
+    distinct_ids: dict[str, int] | None = None  # sparse feature -> distinct ids in the train split
 
     def apply(self, raw: dict[str, np.ndarray], n: int) -> np.ndarray:
         """raw column arrays -> (n, n_dense) float32. One vectorised pass over all columns (this
@@ -91,12 +92,13 @@ class DenseStats:
         return out
 
     def to_json(self) -> dict:
-        return {"columns": [asdict(c) for c in self.columns], "mean": self.mean, "std": self.std, "label_rates": self.label_rates}
+        return {"columns": [asdict(c) for c in self.columns], "mean": self.mean, "std": self.std, "label_rates": self.label_rates,
+                "distinct_ids": self.distinct_ids}
 
     @classmethod
     def from_json(cls, d: dict) -> "DenseStats":
         cols = [DenseColumn(c["column"], c["transform"], tuple(c["clip"]) if c.get("clip") else None) for c in d["columns"]]
-        return cls(cols, list(d["mean"]), list(d["std"]), d.get("label_rates"))
+        return cls(cols, list(d["mean"]), list(d["std"]), d.get("label_rates"), d.get("distinct_ids"))
 
     def save(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)

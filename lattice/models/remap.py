@@ -64,6 +64,22 @@ def make_remap(config: PlatformConfig, feature: SparseFeature, rows: int) -> nn.
     return _FACTORIES[feature.hashing](config, feature, rows)
 
 
+def table_capacity_notes(config: PlatformConfig, distinct_ids: dict[str, int] | None) -> list[str]:
+    """One line per 'modulo' feature whose table has fewer rows than the train split has ids: such
+    ids share rows (and so embeddings). Learned and QR hashing are built for that; 'none' fails
+    on an out-of-range id instead."""
+    notes = []
+    for f in config.features.sparse:
+        n = (distinct_ids or {}).get(f.name, 0)
+        if f.hashing == "modulo" and n > f.num_embeddings:
+            notes.append(
+                f"sparse feature {f.name!r}: {n:,} distinct ids in the train split share its {f.num_embeddings:,} "
+                f"table rows ({n / f.num_embeddings:.1f} per row on average); to share fewer, raise "
+                f"features.sparse.{f.name}.num_embeddings to {n:,} or more in the config "
+                f"(or train with --set features.sparse.{f.name}.num_embeddings={n})")
+    return notes
+
+
 class KJTRemap(nn.Module):
     """Applies one remap module per key; the KJT layout (keys, lengths) is unchanged."""
 

@@ -105,6 +105,16 @@ def test_dense_stats_standardize_the_train_split(table) -> None:
     assert 0 < stats.label_rates["conversion"] < stats.label_rates["click"] < 0.5
 
 
+def test_dense_stats_count_the_distinct_ids_of_the_train_split(table) -> None:
+    cfg, _, root, stats = table
+    frame = pd.read_parquet(root)
+    train = frame[split_mask(cfg, frame.example_id, "train")]
+    for f in cfg.features.sparse:
+        assert stats.distinct_ids[f.name] == train[f.column].dropna().nunique(), f.name
+    assert stats.distinct_ids["user_id"] > stats.distinct_ids["user_segment"] > 1
+    assert type(stats).from_json(stats.to_json()).distinct_ids == stats.distinct_ids
+
+
 def test_teacher_scores_join_by_example_id(table, tmp_path) -> None:
     cfg, _, root, stats = table
     ids = sorted(set(_ids(BatchLoader(cfg, root, stats, "train", shuffle=False))))

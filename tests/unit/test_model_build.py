@@ -13,7 +13,7 @@ from lattice.config import load_config
 from lattice.data.batch import kjt_from_ids
 from lattice.models import MODEL_KINDS, build_model
 from lattice.models.cost import model_cost
-from lattice.models.remap import make_remap
+from lattice.models.remap import make_remap, table_capacity_notes
 from lattice.models.sparse import table_shape
 from lattice.training.tiny import tiny
 
@@ -61,6 +61,16 @@ def test_remap_keeps_ids_in_table_and_rejects_bad_unhashed_ids(demo) -> None:
     assert out.tolist() == [5, 5, (2**60 + 3) % 1000]
     with pytest.raises(ValueError, match="hashing 'qr'.*not registered"):
         make_remap(demo, uid.model_copy(update={"hashing": "qr"}), 1000)
+
+
+def test_capacity_notes_name_modulo_tables_smaller_than_their_id_count(demo) -> None:
+    rows = {f.name: f.num_embeddings for f in demo.features.sparse}
+    fits = dict(rows)  # exactly one id per row: nothing to say
+    assert table_capacity_notes(demo, fits) == [] and table_capacity_notes(demo, None) == []
+    over = {**fits, "user_id": 3 * rows["user_id"], "user_segment": 10 * rows["user_segment"]}
+    (note,) = table_capacity_notes(demo, over)  # user_segment has hashing 'none': it fails on use instead
+    assert "'user_id'" in note and f"{3 * rows['user_id']:,} distinct ids" in note and "3.0 per row" in note
+    assert f"--set features.sparse.user_id.num_embeddings={3 * rows['user_id']}" in note
 
 
 def test_chained_logit_is_the_product_of_probabilities_and_stays_finite() -> None:
