@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from scipy.special import expit
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -50,7 +51,7 @@ def variants(world: S.World, d: pd.DataFrame) -> dict[str, np.ndarray]:
             "query_match": (d.query_category == d.ad_category).to_numpy(), "activity": d.activity.to_numpy()}
 
     def p(uv, av, ub, ab) -> np.ndarray:
-        return S._sigmoid(S.click_logit(world, dom, uv, av, ub, ab, **rest))
+        return expit(S.click_logit(world, dom, uv, av, ub, ab, **rest))
 
     out = {
         "oracle (recomputed)": p(world.user_vec[u], world.ad_vec[a], world.user_bias[u], world.ad_bias[a]),

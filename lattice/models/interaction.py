@@ -54,6 +54,10 @@ class DomainFM(nn.Module):
         # gather's backward is a scatter (3x slower on CPU at batch 1024)
         self.register_buffer("pick_i", eye[i], persistent=False)  # (P, N)
         self.register_buffer("pick_j", eye[j], persistent=False)  # (P, N)
+        # Weighting the pairs by every domain and keeping each row's own costs n_domains times the
+        # work but skips a per-example gather: faster up to 4 domains, slower beyond (fwd+bwd at
+        # batch 1024, 10 tokens, 8 channels, 1 thread: 1.3x faster at 3 domains, 0.9x at 6).
+        self.per_example = n_domains > 4
 
     @property
     def out_dim(self) -> int:
@@ -62,8 +66,8 @@ class DomainFM(nn.Module):
     def forward(self, x: torch.Tensor, domain: torch.Tensor) -> torch.Tensor:
         b, n_dom = x.shape[0], self.scale.shape[0]
         pairs = torch.matmul(self.pick_i, x) * torch.matmul(self.pick_j, x)  # (B, P, D): x_i ⊙ x_j
-        # every domain's weights in one matmul, then each row keeps its own domain's: cheaper on
-        # CPU than a batched matmul of per-example weights
+        if self.per_example:
+            return torch.bmm(pairs, self.scale[domain].transpose(1, 2)).flatten(1)  # (B, P, C) -> (B, P·C)
         every = (pairs.reshape(-1, self.dim) @ self.scale.view(n_dom * self.channels, self.dim).t())
         every = every.view(b, -1, n_dom, self.channels)  # (B, P, n_dom, C)
         index = domain.view(b, 1, 1, 1).expand(b, every.shape[1], 1, self.channels)

@@ -115,12 +115,14 @@ def test_heads_read_tokens_a_shared_stack_or_gated_experts(demo, shared_dims, ex
     assert all(p.grad is not None for p in model.experts.parameters())
 
 
-def test_domain_fm_weights_each_token_pair_by_its_domain() -> None:
+@pytest.mark.parametrize("n_domains", [2, 6])  # all domains at once, and per-example weights
+def test_domain_fm_weights_each_token_pair_by_its_domain(n_domains) -> None:
     from lattice.models.interaction import DomainFM
 
     torch.manual_seed(0)
-    fm = DomainFM(n_tokens=3, dim=4, n_domains=2, channels=2)
-    x, domain = torch.randn(5, 3, 4), torch.tensor([0, 1, 1, 0, 1])
+    fm = DomainFM(n_tokens=3, dim=4, n_domains=n_domains, channels=2)
+    assert fm.per_example == (n_domains > 4)
+    x, domain = torch.randn(5, 3, 4), torch.tensor([0, 1, 1, 0, n_domains - 1])
     got = fm(x, domain).view(5, 3, 2)  # (B, pairs (0,1), (0,2), (1,2), C)
     for b in range(5):
         for c in range(2):
