@@ -11,9 +11,6 @@ function of (seed, epoch, rank, world_size, num_workers).
 
 from __future__ import annotations
 
-import functools
-import multiprocessing
-import multiprocessing.context
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -298,18 +295,6 @@ def to_batch(config: PlatformConfig, arrs: dict[str, np.ndarray]) -> Batch:
     )
 
 
-@functools.cache
-def worker_context() -> multiprocessing.context.BaseContext:
-    """Loader workers start from a single-threaded fork server, never by forking the caller: the
-    caller may run threads (Spark's py4j, tqdm's monitor, gloo, an Airflow task's heartbeat), and
-    a fork can copy a lock one of them holds into the child, held forever (a CI run hung in
-    a worker's first torch.manual_seed that way). The server imports this module once, so a
-    worker starts without importing torch again."""
-    ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload([__name__])
-    return ctx
-
-
 class BatchLoader:
     """Iterable of `Batch` over one split for one rank, with worker processes."""
 
@@ -330,8 +315,7 @@ class BatchLoader:
 
     def __iter__(self) -> Iterator[Batch]:
         dl = DataLoader(self.stream, batch_size=None, num_workers=self.num_workers,
-                        prefetch_factor=4 if self.num_workers else None,
-                        multiprocessing_context=worker_context() if self.num_workers else None)
+                        prefetch_factor=4 if self.num_workers else None)
         for arrs in dl:
             yield to_batch(self.config, {k: (v.numpy() if isinstance(v, torch.Tensor) else v) for k, v in arrs.items()})
 
