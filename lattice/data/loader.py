@@ -332,7 +332,7 @@ def fit_dense_stats(config: PlatformConfig, root: Path) -> DenseStats:
                                 + [S.label_column(o) for o in objs] + [S.mask_column(o) for o in objs]))
     pos = {o: 0.0 for o in objs}
     cnt = {o: 0.0 for o in objs}
-    seen = {name: np.empty(0, np.int64) for name in sparse}
+    seen: dict[str, list[np.ndarray]] = {name: [] for name in sparse}  # per unit, merged once at the end
     for unit in scan_units(root):
         tbl, part = read_unit(unit, wanted)
         keep = split_mask(config, tbl.column("example_id").to_pylist(), "train")
@@ -343,7 +343,7 @@ def fit_dense_stats(config: PlatformConfig, root: Path) -> DenseStats:
         for name, c in sparse.items():
             if c in tbl.column_names:
                 ids = pc.drop_null(tbl.column(c)).cast(pa.int64()).to_numpy()
-                seen[name] = np.union1d(seen[name], np.unique(ids))
+                seen[name].append(np.unique(ids))
         for o in objs:
             if S.mask_column(o) in tbl.column_names:
                 m = pc.fill_null(tbl.column(S.mask_column(o)).cast(pa.float64()), 0.0).to_numpy()
@@ -352,7 +352,7 @@ def fit_dense_stats(config: PlatformConfig, root: Path) -> DenseStats:
                 cnt[o] += float(m.sum())
     stats = acc.finish()
     stats.label_rates = {o: (pos[o] / cnt[o] if cnt[o] else 0.5) for o in objs}
-    stats.distinct_ids = {name: int(len(v)) for name, v in seen.items()}
+    stats.distinct_ids = {name: int(len(np.unique(np.concatenate(v)))) if v else 0 for name, v in seen.items()}
     return stats
 
 

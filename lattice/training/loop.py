@@ -108,9 +108,9 @@ class Trainer:
         self.plan_json = D.plan_to_json(self.plan)
         if self.rank == 0:
             print(f"[lattice] sharding plan ({self.world} rank(s)):\n{self.plan}", flush=True)
-            # the student's tables are scaled down on purpose (models.student.table_scale)
-            for note in table_capacity_notes(self.config, self.stats.distinct_ids) if self.kind != "student" else []:
-                print(f"[lattice] note: {note}", flush=True)
+            if self.kind != "student":  # the student's tables are scaled down on purpose (table_scale)
+                for note in table_capacity_notes(self.config, self.stats.distinct_ids):
+                    print(f"[lattice] note: {note}", flush=True)
             (self.dir / "plan.json").write_text(json.dumps(self.plan_json, indent=1))
         self.model = D.wrap(model, self.plan)
         dense = [p for _, p in in_backward_optimizer_filter(self.model.named_parameters())]
