@@ -33,7 +33,7 @@ from lattice.config.schema import Synthetic
 from lattice.data import synth as S
 from lattice.data.split import split_mask
 
-COLUMNS = ["example_id", "user_id", "ad_id", "user_segment", "ad_category", "device", "position", "query_category", "activity"]
+COLUMNS = ["example_id", "split", "user_id", "ad_id", "user_segment", "ad_category", "device", "position", "query_category", "activity"]
 BINS = [(0, 0), (1, 4), (5, 19), (20, 99), (100, 499), (500, None)]
 
 
@@ -82,7 +82,7 @@ def main() -> None:
     pred = pd.read_parquet(args.predictions)
     pred = pred[pred.mask_click == 1]
     table = pd.read_parquet(args.training_set, columns=COLUMNS)
-    train = table[split_mask(config, table.example_id, "train")]
+    train = table[split_mask(config, table.example_id, "train", table["split"])]
     d = pred.merge(table, on="example_id", how="inner")
     if len(d) != len(pred):
         sys.exit(f"{len(pred) - len(d)} predicted rows are not in {args.training_set}: pass the training set the model used")

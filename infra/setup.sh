@@ -4,7 +4,8 @@
 # second run only checks a stamp of the requirement files and exits in seconds.
 #   LATTICE_TORCH_INDEX=https://download.pytorch.org/whl/cpu  lets pip take torch's CPU wheel
 #   instead of PyPI's CUDA build on machines without a local CPU wheel.
-#   LATTICE_WITH_BROWSER=1  also installs Debian's chromium + chromedriver (browser tests).
+#   LATTICE_WITH_BROWSER=0  skips Debian's chromium + chromedriver, which the browser tests of the
+#   README's test command need (installed by default, so the one setup command covers the suite).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3.11}
@@ -36,10 +37,14 @@ else
   echo "$want" > "$STAMP"
 fi
 
-if [ "${LATTICE_WITH_BROWSER:-0}" = "1" ] && ! command -v chromium >/dev/null; then
+if [ "${LATTICE_WITH_BROWSER:-1}" != "0" ] && ! command -v chromium >/dev/null; then
   echo "setup: installing chromium + chromium-driver (Debian) for browser tests"
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
   # env: with SUDO empty, a bare VAR=value after an expansion would be run as a command
-  $SUDO apt-get update -qq && $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null
+  if ! { $SUDO apt-get update -qq && $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; }; then
+    echo "setup: could not install chromium (apt-get failed); the two browser tests will fail." >&2
+    echo "setup: install Debian's chromium + chromium-driver by hand, or set LATTICE_WITH_BROWSER=0 to skip this step" >&2
+    exit 1
+  fi
 fi
 echo "setup: done. Try: .venv/bin/lattice --help"

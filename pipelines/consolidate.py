@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import logging
 import shutil
 import time
 import uuid
@@ -22,12 +23,16 @@ if __name__ == "__main__":  # spark-submit runs this file as a script
 
 from lattice.config import PlatformConfig
 from lattice.data import schema as S
+from lattice.data.split import describe as describe_split
+from lattice.data.split import hash_split_sql
 from lattice.paths import Paths
 
 from pipelines import ingest, sources, validate
+from pipelines.explain import explain
 from pipelines.spark import get_spark
 
 UNKNOWN = "(unknown)"
+log = logging.getLogger(__name__)
 
 
 def new_run_id() -> str:
@@ -101,7 +106,7 @@ def ingest_and_consolidate(config: PlatformConfig, paths: Paths, start: str | No
     raws, source_info = [], {}
     for src in config.sources:
         files = sources.source_files(paths, src)
-        cols = sources.source_columns(src, files)
+        cols = sources.source_columns(src, files, config.training.split.column if config.training.split.kind == "column" else None)
         added = sources.check_schema_drift(paths, src, cols, record=False)
         raws.append(ingest.read_raw(spark, src, files, cols))
         source_info[src.name] = {"files": len(files), "format": src.format, "columns": cols, "new_columns": added}
@@ -126,13 +131,25 @@ def ingest_and_consolidate(config: PlatformConfig, paths: Paths, start: str | No
         tagged = part if tagged is None else tagged.unionByName(part)
     parts = int(spark.conf.get("spark.sql.shuffle.partitions"))
     tagged = tagged.repartition(parts, "date", "domain")
-    # an exact copy of a raw row (same source, same values) is one event logged twice; hash
-    # partitioning by (date, domain) already clusters this window, so it costs a local sort only
-    dup_rank = F.row_number().over(Window.partitionBy("date", "domain", "example_id").orderBy("_file", "_raw"))
-    tagged = tagged.withColumn("_reason", F.when(F.col("_reason").isNull() & (dup_rank > 1), F.lit(ingest.DUPLICATE))
-                               .otherwise(F.col("_reason")))
-    tagged = tagged.withColumn("_detail", F.when(F.col("_reason") == ingest.DUPLICATE, F.concat(F.lit("example_id="), F.col("example_id")))
+    # Rows sharing an id: under a source's declared key, one event logged twice (the first copy
+    # is kept, the rest quarantined); without a key, identical raw rows, which are distinct
+    # events (two people with one profile, two identical impressions in an hour): each copy
+    # gets an id of its own and is counted. Hash partitioning by (date, domain) already clusters
+    # this window, so it costs a local sort only.
+    keyed = [src.name for src in config.sources if src.key]
+    occurrence = F.row_number().over(Window.partitionBy("date", "domain", "example_id").orderBy("_file", "_raw"))
+    tagged = tagged.withColumn("_occurrence", occurrence).withColumn("_keyed", F.col("_source").isin(keyed) if keyed else F.lit(False))
+    dup = F.col("_keyed") & (F.col("_occurrence") > 1)
+    tagged = tagged.withColumn("_detail", F.when(F.col("_reason").isNull() & dup, F.concat(F.lit("key example_id="), F.col("example_id")))
                                .otherwise(F.col("_detail")))
+    tagged = tagged.withColumn("_reason", F.when(F.col("_reason").isNull() & dup, F.lit(ingest.DUPLICATE)).otherwise(F.col("_reason")))
+    tagged = tagged.withColumn("_identical", (~F.col("_keyed") & (F.col("_occurrence") > 1)).cast("int"))
+    tagged = tagged.withColumn("example_id", F.when(F.col("_keyed"), F.col("example_id"))
+                               .otherwise(F.expr(ingest.occurrence_id_sql("example_id", "_occurrence"))))
+    # kind hash decides from the final id; the other kinds came from the data in `ingest.tag`
+    tagged = tagged.withColumn("split", F.coalesce(F.col("split"), F.expr(hash_split_sql(config))))
+    # one row order on disk, whatever order the shuffle delivered: the same data trains the same model
+    tagged = tagged.sortWithinPartitions("date", "domain", "event_timestamp", "example_id")
     tagged = tagged.withColumn("_status", F.when(~F.col("_in_scope"), "skipped")
                                .when(F.col("_reason").isNull(), "out").otherwise("quarantined"))
     tagged = tagged.persist(StorageLevel.MEMORY_AND_DISK)
@@ -145,6 +162,9 @@ def ingest_and_consolidate(config: PlatformConfig, paths: Paths, start: str | No
                  F.sum((lab > mask).cast("int")).alias(f"label_without_mask_{o}"),
                  F.sum((~lab.isin(0, 1) | ~mask.isin(0, 1)).cast("int")).alias(f"bad_label_values_{o}")]
     aggs.append(F.sum(F.col("example_id").isNull().cast("int")).alias("null_ids"))
+    aggs.append(F.sum("_identical").alias("identical_rows"))
+    aggs += [F.sum((F.col("split") == k).cast("int")).alias(f"split_{k}") for k in ("train", "validation", "test")]
+    aggs.append(F.min("_detail").alias("example"))
     grouped = (tagged.groupBy("_source", F.coalesce("domain", F.lit(UNKNOWN)).alias("domain"), "date", "_status", "_reason")
                .agg(*aggs).collect())
     # distinct ids of the rows to write, per domain (a duplicate would survive dedup only by a bug)
@@ -156,6 +176,7 @@ def ingest_and_consolidate(config: PlatformConfig, paths: Paths, start: str | No
     reasons: dict[str, int] = defaultdict(int)
     reasons_by_source: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     cell_counts: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    split_rows: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     out_dates: set[str] = set()
     for r in grouped:
         d = r["domain"]
@@ -166,6 +187,9 @@ def ingest_and_consolidate(config: PlatformConfig, paths: Paths, start: str | No
             reasons[r["_reason"]] += r["rows"]
             reasons_by_source[r["_source"]][r["_reason"]] += r["rows"]
         if r["_status"] == "out":
+            source_info[r["_source"]]["identical_rows"] = source_info[r["_source"]].get("identical_rows", 0) + (r["identical_rows"] or 0)
+            for k in ("train", "validation", "test"):
+                split_rows[d][k] += r[f"split_{k}"] or 0
             out_dates.add(r["date"])
             cell_counts[d]["rows"] += r["rows"]
             cell_counts[d]["null_ids"] += r["null_ids"] or 0
@@ -185,6 +209,11 @@ def ingest_and_consolidate(config: PlatformConfig, paths: Paths, start: str | No
     results[-2].rows, results[-1].rows = len(sample), len(cells)
     timings["validate_consolidated"] = time.perf_counter() - t
     fatal = [r for r in results[-2:] if not r.success]
+    losses = explain(config, [{"source": r["_source"], "domain": r["domain"], "status": r["_status"], "reason": r["_reason"],
+                       "rows": r["rows"], "example": r["example"]} for r in grouped],
+                     run_domains, str(paths.quarantine / f"run_id={run_id}"))
+    for line in losses:
+        log.warning("consolidate: %s", line)
 
     # ---- quarantine (always written: it is what a failed run is debugged from)
     t = time.perf_counter()
@@ -200,7 +229,9 @@ def ingest_and_consolidate(config: PlatformConfig, paths: Paths, start: str | No
         "window": {"start": str(window[0].date()) if window else str(config.time_range.start),
                    "end": str(window[1].date()) if window else str(config.time_range.end)},
         "domains": run_domains, "sources": source_info,
-        "quarantine_reasons": dict(sorted(reasons.items())),
+        "split": {"kind": config.training.split.kind, "rule": describe_split(config),
+                  "rows": {d: dict(v) for d, v in sorted(split_rows.items())}},
+        "quarantine_reasons": dict(sorted(reasons.items())), "losses": losses,
         "quarantine_by_source": {k: dict(v) for k, v in reasons_by_source.items()},
         "validation": {r.suite: {"success": r.success, "expectations": r.evaluated, "rows_checked": r.rows,
                                  "unexpected": r.unexpected, "failures": r.failures} for r in results},
@@ -213,7 +244,7 @@ def ingest_and_consolidate(config: PlatformConfig, paths: Paths, start: str | No
         summary["status"] = "failed"
         summary["timings"] = {k: round(v, 3) for k, v in timings.items()}
         _write_json(paths.validation / f"run-{run_id}.json", summary)
-        raise validate.ValidationFailed(fatal, validator.docs_index())
+        raise validate.ValidationFailed(fatal, validator.docs_index(), losses)
 
     # ---- the table itself: replaces exactly the (date, domain) partitions of this run
     t = time.perf_counter()

@@ -89,7 +89,9 @@ def build_training_set(config: PlatformConfig, paths: Paths, start: str | None =
     joined = joined.fillna(0, subset=agg_cols) if agg_cols else joined
     t = time.perf_counter()
     cols = S.consolidated_columns(config) + agg_cols
-    joined.select(*cols).write.mode("overwrite").parquet(str(paths.training_set))
+    # sorted within each file: a shuffle delivers rows in no fixed order, and the trainer's
+    # (seeded) shuffle must start from the same order on every run and machine
+    joined.select(*cols).sortWithinPartitions("event_timestamp", "example_id").write.mode("overwrite").parquet(str(paths.training_set))
     rows = spark.read.parquet(str(paths.training_set)).count()
     timings["join_and_write"] = time.perf_counter() - t
     check = {"rows": 0}

@@ -26,8 +26,9 @@ NULL_KEY = "null_key"
 NULL_LABEL = "null_label"
 BAD_LABEL = "bad_label"
 BAD_VALUE = "bad_value"
-DUPLICATE = "duplicate_row"
-REASONS = [MALFORMED, BAD_TIMESTAMP, OUT_OF_RANGE, UNKNOWN_DOMAIN, NULL_KEY, NULL_LABEL, BAD_LABEL, BAD_VALUE, DUPLICATE]
+BAD_SPLIT = "bad_split"
+DUPLICATE = "duplicate_key"
+REASONS = [MALFORMED, BAD_TIMESTAMP, OUT_OF_RANGE, UNKNOWN_DOMAIN, NULL_KEY, NULL_LABEL, BAD_LABEL, BAD_VALUE, BAD_SPLIT, DUPLICATE]
 
 
 def q(name: str) -> str:
@@ -57,7 +58,56 @@ def event_time_sql(source: Source) -> str:
                 f"ELSE timestamp_micros(CAST(round({d} * {scale}) AS BIGINT)) END")
     if et.format == "iso":
         return f"try_cast({v} AS TIMESTAMP)"
-    return f"try_to_timestamp({v}, '{et.format}')"
+    pattern = et.format.replace("\\", "\\\\").replace("'", "\\'")  # any Spark datetime pattern, as a SQL literal
+    return f"try_to_timestamp(CAST({v} AS STRING), '{pattern}')"
+
+
+def canonical_sql(source: Source) -> dict[str, str]:
+    """Canonical column -> a Spark SQL expression of its raw text: a renamed raw column, or the
+    source's own expression cast to text (so both are parsed by the same rules below)."""
+    out: dict[str, str] = {}
+    for raw_name, canon in source.columns.items():
+        out.setdefault(canon, q(raw_name))
+    for canon, expr in source.expressions.items():
+        out[canon] = f"CAST(({expr}) AS STRING)"
+    return out
+
+
+def example_id_sql(source: Source, columns: list[str]) -> str:
+    """A declared key hashes the key columns; without one, every raw cell is hashed, and the
+    consolidate stage gives each further identical copy of a row an id of its own (`occurrence_id_sql`)."""
+    cells = ", ".join(f"coalesce(CAST({q(c)} AS STRING), '')" for c in (source.key or columns))
+    # 'key' in the hash: a key of one column never collides with a one-column row of that value
+    prefix = f"'{source.name}', 'key'" if source.key else f"'{source.name}'"
+    return f"substr(sha1(concat_ws('\\u001f', {prefix}, {cells})), 1, 20)"
+
+
+def occurrence_id_sql(id_col: str, occurrence_col: str) -> str:
+    """The n-th identical copy of a raw row (n > 1) is a distinct event with a distinct id; the
+    first keeps the row's hash, so a log without repeats keeps the ids it always had."""
+    return (f"CASE WHEN {occurrence_col} <= 1 THEN {id_col} "
+            f"ELSE substr(sha1(concat({id_col}, '#', CAST({occurrence_col} AS STRING))), 1, 20) END")
+
+
+def split_sql(config: PlatformConfig, source: Source) -> str:
+    """The row's split where it comes from the data (time, column, source); kind `hash` is
+    decided from the final example id in the consolidate stage (NULL here)."""
+    sp = config.training.split
+    if sp.kind == "time":
+        return (f"CASE WHEN __event_timestamp IS NULL THEN NULL "
+                f"WHEN __event_timestamp >= TIMESTAMP '{sp.test_start:%Y-%m-%d %H:%M:%S}' THEN 'test' "
+                f"WHEN __event_timestamp >= TIMESTAMP '{sp.validation_start:%Y-%m-%d %H:%M:%S}' THEN 'validation' ELSE 'train' END")
+    if sp.kind == "column":
+        v = f"trim(CAST({q(sp.column)} AS STRING))"
+        whens = " ".join(f"WHEN {v} IN ({', '.join(_sql_str(x) for x in vals)}) THEN '{name}'" for name, vals in sp.values.items() if vals)
+        return f"CASE {whens} ELSE NULL END"
+    if sp.kind == "source":
+        return f"'{source.split}'"
+    return "CAST(NULL AS STRING)"
+
+
+def _sql_str(value: str) -> str:
+    return "'" + str(value).replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 def domain_sql(source: Source) -> str:
@@ -138,21 +188,19 @@ def tag(config: PlatformConfig, raw: RawSource, window: tuple[dt.datetime, dt.da
     from pyspark.sql import functions as F
 
     source = raw.source
-    canonical: dict[str, str] = {}
-    for raw_name, canon in source.columns.items():
-        canonical.setdefault(canon, raw_name)
+    canonical = canonical_sql(source)
     lo = dt.datetime.combine(config.time_range.start, dt.time())
     hi = dt.datetime.combine(config.time_range.end, dt.time())
 
     ex = F.expr
-    id_cols = ", ".join(f"coalesce({q(c)}, '')" for c in raw.columns)
     df = raw.frame.select(
         "*",
-        ex(f"substr(sha1(concat_ws('\\u001f', '{source.name}', {id_cols})), 1, 20)").alias("__example_id"),
+        ex(example_id_sql(source, raw.columns)).alias("__example_id"),
         ex(event_time_sql(source)).alias("__event_timestamp"),
         ex(domain_sql(source)).alias("__domain"),
         ex(domain_value_sql(source)).alias("_domain_value"),
     )
+    df = df.withColumn("__split", ex(split_sql(config, source)))
     checks: list[tuple[object, str, object]] = [
         (F.col("_malformed"), MALFORMED, F.lit(f"expected {len(raw.columns)} columns" if source.format in SEP else "not a JSON object")),
         (F.col("__event_timestamp").isNull(), BAD_TIMESTAMP,
@@ -161,18 +209,20 @@ def tag(config: PlatformConfig, raw: RawSource, window: tuple[dt.datetime, dt.da
          _cat("event_timestamp=", F.col("__event_timestamp").cast("string"))),
         (F.col("__domain").isNull(), UNKNOWN_DOMAIN, _cat("value=", F.col("_domain_value"))),
     ]
-    out_cols = []
+    if config.training.split.kind == "column":
+        checks.append((F.col("__split").isNull(), BAD_SPLIT, _cat(f"{config.training.split.column}=", F.col(q(config.training.split.column)))))
+    out_cols = [(F.col(q(c)) if c in source.passthrough else F.lit(None)).cast("string").alias(c) for c in S.passthrough_columns(config)]
     for f in config.entity_features:
         if f.column in canonical:
-            v = q(canonical[f.column])
+            v = canonical[f.column]
             checks.append((ex(f"{v} IS NULL OR trim({v}) = ''"), NULL_KEY, F.lit(f.column)))
     for col in S.sparse_columns(config):
-        out_cols.append(ex(stable_id_sql(q(canonical[col])) if col in canonical else "CAST(NULL AS BIGINT)").alias(col))
+        out_cols.append(ex(stable_id_sql(canonical[col]) if col in canonical else "CAST(NULL AS BIGINT)").alias(col))
     for col in S.dense_columns(config):
         if col in canonical:
-            v = q(canonical[col])
+            v = canonical[col]
             parsed = f"try_cast({v} AS DOUBLE)"
-            checks.append((ex(f"{v} IS NOT NULL AND trim({v}) != '' AND {parsed} IS NULL"), BAD_VALUE, _cat(f"{col}=", F.col(v))))
+            checks.append((ex(f"{v} IS NOT NULL AND trim({v}) != '' AND {parsed} IS NULL"), BAD_VALUE, _cat(f"{col}=", ex(v))))
             out_cols += [ex(f"coalesce({parsed}, 0.0)").alias(col),
                          ex(f"CAST(CASE WHEN {parsed} IS NULL THEN 0 ELSE 1 END AS TINYINT)").alias(S.present_column(col))]
         else:
@@ -212,7 +262,7 @@ def tag(config: PlatformConfig, raw: RawSource, window: tuple[dt.datetime, dt.da
     return df.select(
         F.col("__example_id").alias("example_id"), F.col("__event_timestamp").alias("event_timestamp"),
         F.date_format("__event_timestamp", "yyyy-MM-dd").alias("date"), F.col("__domain").alias("domain"),
-        *out_cols,
+        F.col("__split").alias("split"), *out_cols,
         F.lit(source.name).alias("_source"), reason.alias("_reason"), detail.alias("_detail"),
         "_raw", "_file",
         F.when(reason.isNull() | ~reason.isin(MALFORMED, BAD_TIMESTAMP, OUT_OF_RANGE, UNKNOWN_DOMAIN), scope)

@@ -40,9 +40,9 @@ def source_files(paths: Paths, source: Source) -> list[str]:
     return files
 
 
-def required_columns(source: Source) -> list[str]:
+def required_columns(source: Source, split_column: str | None = None) -> list[str]:
     """Raw columns the config reads by name (expressions may read more; Spark names those)."""
-    cols = list(source.columns)
+    cols = list(source.columns) + list(source.key) + list(source.passthrough) + ([split_column] if split_column else [])
     if source.event_time.column:
         cols.append(source.event_time.column)
     cols += [spec.column for spec in source.labels.values() if spec.column]
@@ -82,10 +82,10 @@ def file_columns(source: Source, path: str) -> list[str]:
     return list(keys)
 
 
-def source_columns(source: Source, files: list[str]) -> list[str]:
+def source_columns(source: Source, files: list[str], split_column: str | None = None) -> list[str]:
     """The raw column list of a source; every file must carry every required column, and csv
     files with a header must agree on the header (Spark reads csv columns by position)."""
-    need = required_columns(source)
+    need = required_columns(source, split_column)
     first: list[str] | None = None
     union: dict[str, None] = {}
     for f in files:

@@ -30,8 +30,14 @@ def get_spark(master: str | None = None, app_name: str = "lattice-features", shu
     spark = SparkSession.getActiveSession()
     if spark is None:
         parts = shuffle_partitions or int(os.environ.get("LATTICE_SHUFFLE_PARTITIONS", "8"))
+        master = master or os.environ.get("LATTICE_SPARK_MASTER", DEFAULT_MASTER)
+        # an embedded driver listens on loopback only (no port on the machine's network); a
+        # cluster master needs a reachable driver, which its environment sets (SPARK_LOCAL_IP)
+        host = os.environ.get("LATTICE_SPARK_DRIVER_HOST", "127.0.0.1" if master.startswith("local") else "")
+        if host:
+            os.environ.setdefault("SPARK_LOCAL_IP", host)
         builder = (
-            SparkSession.builder.master(master or os.environ.get("LATTICE_SPARK_MASTER", DEFAULT_MASTER))
+            SparkSession.builder.master(master)
             .appName(app_name)
             .config("spark.ui.enabled", "false")
             .config("spark.ui.showConsoleProgress", "false")
@@ -40,6 +46,8 @@ def get_spark(master: str | None = None, app_name: str = "lattice-features", shu
             .config("spark.driver.memory", os.environ.get("LATTICE_SPARK_MEMORY", "4g"))
             .config("spark.sql.adaptive.enabled", "true")
         )
+        if host:
+            builder = builder.config("spark.driver.host", host).config("spark.driver.bindAddress", host)
         for k, v in RUNTIME_CONF.items():
             builder = builder.config(k, v)
         spark = builder.getOrCreate()

@@ -58,11 +58,14 @@ class SuiteResult:
 class ValidationFailed(RuntimeError):
     """A table-level expectation failed: the run stops before publishing the table."""
 
-    def __init__(self, results: list[SuiteResult], docs: str | None):
+    def __init__(self, results: list[SuiteResult], docs: str | None, losses: list[str] | None = None):
         self.results = results
         self.docs = docs
+        self.losses = losses or []
         body = "\n".join(r.report() for r in results if not r.success)
-        super().__init__(f"validation failed; nothing was written to the consolidated table\n{body}"
+        # what happened to the rows first (domain, source, reason, count); the suite detail after
+        why = "".join(f"\n  {line}" for line in self.losses)
+        super().__init__(f"validation failed; nothing was written to the consolidated table{why}\n{body}"
                          + (f"\nData Docs: {docs}" if docs else ""))
 
 
@@ -202,6 +205,8 @@ def consolidated_expectations(config: PlatformConfig) -> list:
         E.ExpectColumnValuesToBeUnique(column="example_id"),
         E.ExpectColumnValuesToNotBeNull(column="event_timestamp"),
         E.ExpectColumnValuesToBeInSet(column="domain", value_set=config.domain_names),
+        E.ExpectColumnValuesToBeInSet(column="split", value_set=["train", "validation", "test"]),
+        E.ExpectColumnValuesToNotBeNull(column="split"),
     ]
     for obj in config.objective_names:
         lab, mask = S.label_column(obj), S.mask_column(obj)

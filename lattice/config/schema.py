@@ -20,7 +20,9 @@ _WINDOW_RE = re.compile(r"^(\d+)([hd])$")
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # use_attribute_docstrings: the string under each field becomes its description, which the
+    # config reference (lattice/config/reference.py) is generated from
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
 
 # ---------------------------------------------------------------- sources
@@ -43,13 +45,32 @@ class DomainFromColumn(Strict):
         return self
 
 
+NAMED_TIME_FORMATS = ("unix_seconds", "unix_millis", "iso", "constant")
+_PATTERN_LETTERS = re.compile(r"[yMdHhmsSaXxZzVOEDkKuQLG]")
+
+
 class EventTime(Strict):
     """How to read the event time. Logs without one (Criteo, MIND) use `format: constant` and
     `value`, so every row gets the same time (point-in-time aggregates then see no history)."""
 
     column: str | None = None
-    format: Literal["unix_seconds", "unix_millis", "iso", "yyMMddHH", "yyyy-MM-dd", "yyyy-MM-dd HH:mm:ss", "constant"] = "iso"
+    """Raw column holding the event time (not used with `format: constant`)."""
+    format: str = "iso"
+    """`unix_seconds`, `unix_millis`, `iso` (ISO 8601 text), `constant` (every row at `value`), or
+    any Spark datetime pattern such as `yyyyMMddHH`, `yyMMddHH`, `dd/MM/yyyy HH:mm` (see Spark's
+    "Datetime Patterns for Formatting and Parsing"); times without a zone are UTC."""
     value: dt.datetime | None = None
+    """The time of every row when `format` is `constant`."""
+
+    @field_validator("format")
+    @classmethod
+    def _format(cls, v: str) -> str:
+        if v in NAMED_TIME_FORMATS:
+            return v
+        if not _PATTERN_LETTERS.search(v) or "'" in v.replace("''", "") and v.count("'") % 2:
+            raise ValueError(f"format {v!r} is neither one of {list(NAMED_TIME_FORMATS)} nor a Spark datetime "
+                             "pattern (e.g. 'yyyyMMddHH' or 'yyyy-MM-dd HH:mm:ss')")
+        return v
 
     @model_validator(mode="after")
     def _column_or_constant(self) -> "EventTime":
@@ -93,11 +114,28 @@ class Source(Strict):
     """Objective name -> how to read its label from this source."""
     truth: dict[str, str] = Field(default_factory=dict)
     """Objective name -> raw column with the true probability (synthetic data only; never trained on)."""
+    expressions: dict[str, str] = Field(default_factory=dict)
+    """Canonical column -> Spark SQL expression over this source's raw columns, for values a
+    rename cannot give (strip an id prefix, derive a category, cast a type), e.g.
+    `{ad_id: "regexp_replace(creative, '^cr-', '')"}`. A column may be in `columns` or here, not both."""
+    key: list[str] = Field(default_factory=list)
+    """Raw columns that identify one event (an impression id, a request id + ad). Rows of this
+    source that share a key are one event logged twice: the first is kept, the rest are
+    quarantined as `duplicate_key`. Empty (the default): every raw row is its own event, and
+    identical rows stay distinct examples (they are counted in the stage summary)."""
+    passthrough: list[str] = Field(default_factory=list)
+    """Raw columns that are not features (row id, event id, request id) carried as text to the
+    consolidated table, the training set and every predictions file, so scores join back."""
+    split: Literal["train", "validation", "test"] | None = None
+    """With `training.split.kind: source`: the split every row of this source belongs to."""
 
     @model_validator(mode="after")
     def _headerless_needs_schema(self) -> "Source":
         if self.format in ("csv", "tsv") and not self.header and not self.schema_columns:
             raise ValueError("a csv/tsv source without a header needs 'schema_columns' (column names in file order)")
+        both = sorted(set(self.expressions) & set(self.columns.values()))
+        if both:
+            raise ValueError(f"canonical column(s) {both} are given both by 'columns' and by 'expressions'; keep one")
         return self
 
     def domains(self) -> list[str]:
@@ -109,7 +147,7 @@ class Source(Strict):
         return names
 
     def canonical_columns(self) -> set[str]:
-        return set(self.columns.values())
+        return set(self.columns.values()) | set(self.expressions)
 
 
 # ---------------------------------------------------------------- domains and objectives
@@ -251,7 +289,42 @@ class Models(Strict):
 # ---------------------------------------------------------------- training and later stages
 
 
+class SplitSpec(Strict):
+    """How examples are assigned to train / validation / test: decided once per example in the
+    feature stage, stored in the `split` column of the consolidated table, and used by every
+    model, evaluation and report."""
+
+    kind: Literal["hash", "time", "column", "source"] = "hash"
+    """`hash`: a hash of the example id (fractions `training.validation_fraction` and
+    `training.test_fraction`); `time`: train before `validation_start`, validation until
+    `test_start`, test after (how ads models are evaluated: no peeking at the future); `column`:
+    a raw column every source carries (`column`, values mapped by `values`); `source`: each
+    source's own `split`."""
+    validation_start: dt.datetime | None = None
+    """kind time: the first instant of the validation period (UTC)."""
+    test_start: dt.datetime | None = None
+    """kind time: the first instant of the test period (UTC)."""
+    column: str | None = None
+    """kind column: the raw column that names each row's split."""
+    values: dict[Literal["train", "validation", "test"], list[str]] = Field(
+        default_factory=lambda: {"train": ["train"], "validation": ["validation", "valid", "val", "dev"], "test": ["test"]})
+    """kind column: raw values per split; a row with any other value is quarantined as `bad_split`."""
+
+    @model_validator(mode="after")
+    def _complete(self) -> "SplitSpec":
+        if self.kind == "time":
+            if self.validation_start is None or self.test_start is None:
+                raise ValueError("split kind 'time' needs 'validation_start' and 'test_start' (e.g. 2026-01-12T00:00:00)")
+            if self.test_start < self.validation_start:
+                raise ValueError(f"test_start ({self.test_start}) must not be before validation_start ({self.validation_start})")
+        if self.kind == "column" and not self.column:
+            raise ValueError("split kind 'column' needs 'column' (the raw column holding train / validation / test)")
+        return self
+
+
 class Training(Strict):
+    split: SplitSpec = Field(default_factory=SplitSpec)
+    """How examples are split into train / validation / test (see `SplitSpec`)."""
     batch_size: int = Field(default=1024, ge=1)
     """Examples per optimizer step over all ranks (each of N ranks loads batch_size / N)."""
     epochs: int = Field(default=2, ge=1)
@@ -304,6 +377,11 @@ class Promotion(Strict):
     max_ne_regression: float = Field(default=0.005, ge=0)
     """δ: a challenger cell's NE may exceed the champion's by at most this (relative)."""
     calibration: tuple[float, float] = (0.8, 1.25)
+    """Bounds on each cell's calibration (sum of predictions / sum of labels)."""
+    calibration_confidence: float = Field(default=0.95, ge=0, lt=1)
+    """A cell fails the calibration bounds only when this two-sided confidence interval of its
+    calibration lies wholly outside them: small cells (a few hundred positives) are noisy by
+    ±2/sqrt(positives). 0 checks the point estimate alone."""
     teacher_epsilon: float = Field(default=0.03, ge=0)
     """ε: the student's macro NE may exceed its teacher's by at most this (relative)."""
     max_latency_ms: float = Field(default=10.0, gt=0)
@@ -516,6 +594,25 @@ class PlatformConfig(Strict):
                 if srcs and not any(o.name in s.labels for s in srcs):
                     out.append((f"objectives[{i}].domains", d, f"no source of domain {d!r} has a label for {o.name!r}; "
                                 "add it to that source's 'labels' or drop the domain from this objective"))
+        sp = self.training.split
+        reserved = {"example_id", "event_timestamp", "date", "domain", "split"} | provided
+        for i, s in enumerate(self.sources):
+            if sp.kind == "source" and s.split is None:
+                out.append((f"sources[{i}].split", None, "training.split.kind is 'source': give every source "
+                            "'split: train', 'validation' or 'test'"))
+            if sp.kind != "source" and s.split is not None:
+                out.append((f"sources[{i}].split", s.split, f"only read with training.split.kind 'source' (it is "
+                            f"{sp.kind!r}); remove it or set training.split.kind: source"))
+            for j, c in enumerate(s.passthrough):
+                if c in reserved or c.startswith(("label_", "mask_", "truth_")):
+                    out.append((f"sources[{i}].passthrough[{j}]", c, "collides with a column the platform writes; "
+                                "rename it in the data or map it as a feature instead"))
+        if sp.kind == "source":
+            have = {s.split for s in self.sources}
+            for need in ("train", "test"):
+                if need not in have:
+                    out.append(("training.split.kind", "source", f"no source has 'split: {need}'; "
+                                "add one, or use another split kind"))
         t, st = self.models.teacher, self.models.student
         bigger = [k for k in ("embedding_dim", "table_scale", "num_layers", "num_tokens", "fm_rank", "domain_fm") if getattr(st, k) > getattr(t, k)]
         if bigger or sum(st.head_dims) > sum(t.head_dims):

@@ -258,9 +258,10 @@ class ExampleStream(IterableDataset):
             pending, n_pending = ([rest], len(rest["domain"])) if len(rest["domain"]) else ([], 0)
 
         for index, unit in self._unit_order():
-            tbl, part = read_unit(unit, enc.columns)
-            ids = _column(tbl, "example_id", part)
-            keep = split_mask(self.config, ids.to_pylist() if ids is not None else [], self.split)
+            tbl, part = read_unit(unit, enc.columns + ["split"])
+            ids, stored = _column(tbl, "example_id", part), _column(tbl, "split", part)
+            keep = split_mask(self.config, ids.to_pylist() if ids is not None else [], self.split,
+                              stored.to_pylist() if stored is not None else None)
             if self.world_size > 1:
                 j = np.cumsum(keep) - 1  # position among this unit's kept rows
                 keep &= (j + index) % self.world_size == self.rank
@@ -328,14 +329,15 @@ def fit_dense_stats(config: PlatformConfig, root: Path) -> DenseStats:
     acc = StatsAccumulator(cols)
     objs = config.objective_names
     sparse = {f.name: f.column for f in config.features.sparse if f.column in present}
-    wanted = list(dict.fromkeys(["example_id"] + [c.column for c in cols] + list(sparse.values())
+    wanted = list(dict.fromkeys(["example_id", "split"] + [c.column for c in cols] + list(sparse.values())
                                 + [S.label_column(o) for o in objs] + [S.mask_column(o) for o in objs]))
     pos = {o: 0.0 for o in objs}
     cnt = {o: 0.0 for o in objs}
     seen: dict[str, list[np.ndarray]] = {name: [] for name in sparse}  # per unit, merged once at the end
     for unit in scan_units(root):
         tbl, part = read_unit(unit, wanted)
-        keep = split_mask(config, tbl.column("example_id").to_pylist(), "train")
+        stored = tbl.column("split").to_pylist() if "split" in tbl.column_names else None
+        keep = split_mask(config, tbl.column("example_id").to_pylist(), "train", stored)
         tbl = tbl.take(pa.array(np.flatnonzero(keep)))
         raw = {c.column: pc.fill_null(tbl.column(c.column).cast(pa.float64()), 0.0).to_numpy()
                for c in cols if c.column in tbl.column_names}

@@ -18,6 +18,7 @@ import pandas as pd
 from lattice.config import PlatformConfig
 from lattice.config.schema import Source
 from lattice.data import schema as S
+from lattice.data.split import hash_split
 from lattice.paths import Paths
 
 
@@ -40,8 +41,15 @@ def _times(source: Source, df: pd.DataFrame) -> pd.Series:
     col = df[et.column]
     if et.format in ("unix_seconds", "unix_millis"):
         return pd.to_datetime(pd.to_numeric(col), unit="s" if et.format == "unix_seconds" else "ms", utc=True)
-    fmt = {"yyMMddHH": "%y%m%d%H", "yyyy-MM-dd": "%Y-%m-%d", "yyyy-MM-dd HH:mm:ss": "%Y-%m-%d %H:%M:%S"}.get(et.format)
+    if et.format == "iso":
+        return pd.to_datetime(col, utc=True)
+    fmt = _STRPTIME.get(et.format)
+    if fmt is None:
+        raise NotImplementedError(f"time pattern {et.format!r} needs Spark; use the Spark pipeline")
     return pd.to_datetime(col, format=fmt, utc=True)
+
+
+_STRPTIME = {"yyMMddHH": "%y%m%d%H", "yyyyMMddHH": "%Y%m%d%H", "yyyy-MM-dd": "%Y-%m-%d", "yyyy-MM-dd HH:mm:ss": "%Y-%m-%d %H:%M:%S"}
 
 
 def _domain(source: Source, df: pd.DataFrame) -> pd.Series:
@@ -61,8 +69,32 @@ def _label(source: Source, objective: str, df: pd.DataFrame) -> pd.Series:
 
 
 def _example_ids(source: Source, df: pd.DataFrame) -> pd.Series:
-    rows = df.astype(str).agg("\x1f".join, axis=1)
-    return rows.map(lambda r: hashlib.sha1(f"{source.name}\x1f{r}".encode()).hexdigest()[:20])
+    """The twin of `pipelines.ingest.example_id_sql` + `occurrence_id_sql`: a declared key
+    hashed, else the raw row hashed with each further identical copy given an id of its own."""
+    cells = df[source.key] if source.key else df
+    prefix = f"{source.name}\x1fkey" if source.key else source.name
+    rows = cells.astype(str).agg("\x1f".join, axis=1)
+    ids = rows.map(lambda r: hashlib.sha1(f"{prefix}\x1f{r}".encode()).hexdigest()[:20])
+    if source.key:
+        return ids
+    n = ids.groupby(ids).cumcount() + 1
+    return pd.Series([i if k == 1 else hashlib.sha1(f"{i}#{k}".encode()).hexdigest()[:20] for i, k in zip(ids, n)], index=df.index)
+
+
+def _splits(config: PlatformConfig, source: Source, out: pd.DataFrame, raw: pd.DataFrame) -> pd.Series:
+    sp = config.training.split
+    if sp.kind == "hash":
+        return pd.Series(hash_split(config, out["example_id"]), index=out.index)
+    if sp.kind == "source":
+        return pd.Series(source.split, index=out.index)
+    if sp.kind == "time":
+        ts = out["event_timestamp"].dt.tz_convert(None)
+        return pd.Series(np.where(ts >= sp.test_start, "test", np.where(ts >= sp.validation_start, "validation", "train")), index=out.index)
+    lookup = {v: name for name, vals in sp.values.items() for v in vals}
+    mapped = raw[sp.column].astype(str).str.strip().map(lookup)
+    if mapped.isna().any():
+        raise ValueError(f"source {source.name!r}: split column {sp.column!r} holds values outside training.split.values")
+    return mapped
 
 
 def consolidate_source(config: PlatformConfig, source: Source, raw: pd.DataFrame) -> pd.DataFrame:
@@ -72,6 +104,11 @@ def consolidate_source(config: PlatformConfig, source: Source, raw: pd.DataFrame
     out["event_timestamp"] = ts
     out["date"] = ts.dt.strftime("%Y-%m-%d")
     out["domain"] = _domain(source, raw)
+    out["split"] = _splits(config, source, out, raw)
+    for c in S.passthrough_columns(config):
+        out[c] = raw[c].astype(str) if c in source.passthrough else None
+    if source.expressions:
+        raise NotImplementedError("column expressions need Spark SQL; use the Spark pipeline")
     canonical = {canon: raw_name for raw_name, canon in source.columns.items()}
     for col in S.sparse_columns(config):
         if col in canonical:

@@ -2,10 +2,13 @@
 
 One row per impression, every domain in one table (DESIGN.md):
 
-    example_id        string   deterministic hash of the source and the raw row
+    example_id        string   the source's declared `key`, hashed; without one, a hash of the source
+                               and the raw row (its n-th identical copy gets its own id)
     event_timestamp   timestamp (UTC, microseconds)
     date              string   yyyy-MM-dd of event_timestamp (partition)
     domain            string   (partition)
+    split             string   train | validation | test, decided once here (`training.split`)
+    <pass-through>    string   the sources' `passthrough` columns, untouched (null where a source lacks one)
     <sparse column>   int64    null where the domain lacks the feature
     <dense column>    double   0.0 where the domain lacks the feature ...
     <dense>_present   int8     ... and then 0 here
@@ -56,11 +59,17 @@ def aggregate_columns(config: PlatformConfig) -> list[str]:
     ]
 
 
+def passthrough_columns(config: PlatformConfig) -> list[str]:
+    """Every source's pass-through columns, in config order (a union: sources may differ)."""
+    return list(dict.fromkeys(c for s in config.sources for c in s.passthrough))
+
+
 def consolidated_columns(config: PlatformConfig) -> list[str]:
     objs = config.objective_names
     dense = dense_columns(config)
     return (
-        ["example_id", "event_timestamp", "date", "domain"]
+        ["example_id", "event_timestamp", "date", "domain", "split"]
+        + passthrough_columns(config)
         + sparse_columns(config)
         + dense
         + [present_column(c) for c in dense]

@@ -30,6 +30,7 @@ import pyarrow.parquet as pq
 
 from lattice.config import PlatformConfig
 from lattice.config.schema import Synthetic
+from lattice.progress import progress_bar
 
 K = 4  # latent dimension
 N_SEGMENTS = 20
@@ -210,9 +211,7 @@ def generate(config: PlatformConfig, rows: int, out: str | Path, progress: bool 
         for stale in folder.glob("part-*"):  # a rerun replaces the whole output
             stale.unlink()
 
-    from tqdm import tqdm
-
-    bar = tqdm(total=rows, unit="rows", desc="synth", disable=not progress)
+    bar = progress_bar(total=rows, unit="rows", desc="synth", enabled=progress)
     for i in range(n_chunks):
         n = min(params.chunk_rows, rows - i * params.chunk_rows)
         t0 = start + span * i / n_chunks

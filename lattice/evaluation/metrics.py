@@ -71,7 +71,10 @@ def cell_metrics(config: PlatformConfig, df: pd.DataFrame, prob_prefix: str = "p
         y = df.loc[sel, f"label_{o}"].to_numpy(np.float64)
         p = df.loc[sel, f"{prob_prefix}{o}"].to_numpy(np.float64)
         c = {"n": int(len(y)), "positives": int(y.sum()), "ne": ne(y, p), "auc": auc(y, p), "calibration": calibration(y, p),
-             "log_loss": log_loss(y, p) if len(y) else float("nan")}
+             "log_loss": log_loss(y, p) if len(y) else float("nan"),
+             # sum p and sum p(1-p): the mean and variance of the positive count if the model were
+             # calibrated, which the gate's calibration interval needs (lattice.promotion.gate)
+             "expected_positives": float(p.sum()), "positives_variance": float((p * (1 - p)).sum())}
         tcol = f"truth_{o}"
         if tcol in df and df.loc[sel, tcol].notna().all() and len(y):
             t = df.loc[sel, tcol].to_numpy(np.float64)

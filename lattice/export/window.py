@@ -21,11 +21,12 @@ def load_window(config: PlatformConfig, paths: Paths, split: Split = "test", max
     frame = dataset.to_table().to_pandas()
     if "domain" in frame and isinstance(frame["domain"].dtype, pd.CategoricalDtype):
         frame["domain"] = frame["domain"].astype(str)
-    frame = frame[split_mask(config, frame["example_id"].astype(str), split)]
+    stored = frame["split"].astype(str) if "split" in frame else None
+    frame = frame[split_mask(config, frame["example_id"].astype(str), split, stored)]
     if max_rows is not None and len(frame) > max_rows:
         frame = frame.sample(n=max_rows, random_state=seed)
     if frame.empty:
-        raise ValueError(f"the {split} split of {table} is empty; more data (or a larger training.test_fraction) is needed")
+        raise ValueError(f"the {split} split of {table} is empty; more data, or a larger test share in training.split (see docs/config-reference.md), is needed")
     return frame.sort_values("example_id", kind="stable").reset_index(drop=True)
 
 

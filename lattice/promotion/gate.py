@@ -3,7 +3,11 @@
 Rules (thresholds from `config.promotion`):
   - per (domain, objective) cell: challenger NE <= champion NE * (1 + δ), both measured on the
     same fresh evaluation window;
-  - per cell: calibration (sum of predictions / sum of labels) within [low, high];
+  - per cell: calibration (sum of predictions / sum of labels) within [low, high], unless the
+    cell is too small to tell: with P positives the count of positives itself varies by about
+    sqrt(P) from window to window, so a well calibrated model scores 1 ± 2/sqrt(P) (±16% at 150
+    positives). The check fails only when the confidence interval of the calibration (at
+    `calibration_confidence`) lies wholly outside the bounds;
   - the student's macro NE <= its teacher's * (1 + ε);
   - the exported artifact predicts like the training model (max |Δp| within tolerance),
     its single-request p99 latency and its size are within budget;
@@ -12,7 +16,9 @@ Rules (thresholds from `config.promotion`):
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
+from statistics import NormalDist
 from typing import Any
 
 from lattice.config.schema import Promotion
@@ -25,6 +31,20 @@ class CellMetrics:
     calibration: float
     count: int = 0
     positives: int = 0
+    expected: float = float("nan")
+    """Sum of the predicted probabilities over the cell's labelled rows."""
+    variance: float = 0.0
+    """Sum of p(1 - p): the variance of the positive count if the predictions were calibrated."""
+
+    def calibration_interval(self, z: float) -> tuple[float, float]:
+        """(low, high) of sum p / sum y when the positive count may be off by z standard
+        deviations (normal approximation of a sum of Bernoullis under the model)."""
+        if not self.positives or self.expected != self.expected or z <= 0:
+            return self.calibration, self.calibration
+        half = z * math.sqrt(max(self.variance, 0.0))
+        low = self.expected / (self.positives + half)
+        high = self.expected / (self.positives - half) if self.positives > half else math.inf
+        return low, high
 
 
 Cell = tuple[str, str]
@@ -82,6 +102,7 @@ def _name(cell: Cell) -> str:
 def _cell_checks(p: Promotion, inputs: GateInputs) -> list[Reason]:
     out: list[Reason] = []
     lo, hi = p.calibration
+    z = NormalDist().inv_cdf(0.5 + p.calibration_confidence / 2) if p.calibration_confidence > 0 else 0.0
     for cell, m in sorted(inputs.challenger.items()):
         name = _name(cell)
         champ = inputs.champion.get(cell) if inputs.champion is not None else None
@@ -102,11 +123,14 @@ def _cell_checks(p: Promotion, inputs: GateInputs) -> list[Reason]:
             out.append(Reason("ne_floor", ok, f"{name}: NE {m.ne:.4f} (floor: at most {p.floors.max_ne:g})", name, m.ne, p.floors.max_ne))
             ok = m.auc >= p.floors.min_auc
             out.append(Reason("auc_floor", ok, f"{name}: AUC {m.auc:.4f} (floor: at least {p.floors.min_auc:g})", name, m.auc, p.floors.min_auc))
-        ok = lo <= m.calibration <= hi
-        out.append(Reason(
-            "calibration", ok, f"{name}: calibration {m.calibration:.3f} (bounds [{lo:g}, {hi:g}])",
-            name, m.calibration, lo if m.calibration < lo else hi,
-        ))
+        c_lo, c_hi = m.calibration_interval(z)
+        ok = c_hi >= lo and c_lo <= hi  # fails only when the data show it is outside the bounds
+        inside = lo <= m.calibration <= hi
+        shown = f"{name}: calibration {m.calibration:.3f} (bounds [{lo:g}, {hi:g}]"
+        if not inside:
+            shown += (f"; {100 * p.calibration_confidence:g}% interval [{c_lo:.3f}, {c_hi:.3f}] over "
+                      f"{m.positives} positives" + (": within noise" if ok else ": outside the bounds"))
+        out.append(Reason("calibration", ok, shown + ")", name, m.calibration, lo if m.calibration < lo else hi))
     return out
 
 

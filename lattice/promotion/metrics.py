@@ -30,7 +30,9 @@ def from_report(cells: dict[str, dict]) -> dict[Cell, CellMetrics]:
         d, o = key.split("/", 1)
         out[(d, o)] = CellMetrics(ne=float(c["ne"]), auc=float(c.get("auc", float("nan"))),
                                   calibration=float(c.get("calibration", float("nan"))),
-                                  count=int(c.get("n", 0)), positives=int(c.get("positives", 0)))
+                                  count=int(c.get("n", 0)), positives=int(c.get("positives", 0)),
+                                  expected=float(c.get("expected_positives", float("nan"))),
+                                  variance=float(c.get("positives_variance", 0.0)))
     return out
 
 

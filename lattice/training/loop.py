@@ -20,7 +20,8 @@ from torchrec import EmbeddingBagCollection
 from torchrec.optim import RowWiseAdagrad
 from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 from torchrec.optim.optimizers import in_backward_optimizer_filter
-from tqdm import tqdm
+
+from lattice.data.passthrough import attach as attach_passthrough
 
 from lattice.config import PlatformConfig
 from lattice.data.batch import Batch, kjt_from_ids
@@ -30,6 +31,7 @@ from lattice.evaluation.metrics import cell_metrics, ne_from_sums
 from lattice.models import build_model, kind_of
 from lattice.models.cost import model_cost
 from lattice.models.remap import table_capacity_notes
+from lattice.progress import progress_bar
 from lattice.training import distributed as D
 from lattice.training.loss import mdmo_loss
 from lattice.training.spec import RunSpec
@@ -174,8 +176,8 @@ class Trainer:
         for _ in range(st.step_in_epoch):  # resume: replay the data position
             next(it, None)
         self.model.train()
-        bar = tqdm(desc=f"{spec.model} epoch {epoch + 1}/{spec.epochs}", unit="batch", initial=st.step_in_epoch,
-                   disable=not (spec.progress and self.rank == 0), leave=False)
+        bar = progress_bar(desc=f"{spec.model} epoch {epoch + 1}/{spec.epochs}", unit="batch", initial=st.step_in_epoch,
+                           enabled=spec.progress and self.rank == 0, leave=False)
         started = time.perf_counter()
         window: list[float] = []
         while True:
@@ -323,7 +325,7 @@ class Trainer:
             "config": self.spec.config, "plan": self.plan_json, "world_size": self.world, "cost": cost,
             "best_epoch": self.state.best_epoch, "state_dict": full,
         }, self.dir / "model.pt")
-        preds.to_parquet(self.dir / "predictions.parquet", index=False)
+        attach_passthrough(self.config, Path(self.spec.table), preds).to_parquet(self.dir / "predictions.parquet", index=False)
         metrics = cell_metrics(self.config, preds)
         metrics.update({"model": self.spec.model, "kind": self.kind, "cost": cost, "best_epoch": self.state.best_epoch,
                         "world_size": self.world, "test_examples": int(len(preds))})

@@ -9,10 +9,10 @@ metrics.json, predictions.parquet (test split), summary.json.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -24,7 +24,11 @@ from lattice.data.loader import BatchLoader, find_table, fit_dense_stats
 from lattice.data.split import SPLITS
 from lattice.models import kind_of
 from lattice.paths import Paths
+from lattice.progress import progress_bar
+from lattice.relay import run_child
 from lattice.training.spec import RunSpec
+
+log = logging.getLogger("lattice.training.ranks")  # what torchrun's ranks write, off a terminal
 
 
 def _free_port() -> int:
@@ -71,10 +75,11 @@ def train(config: PlatformConfig, paths: Paths, model: str = "teacher", nproc: i
         cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={n}", "--nnodes=1",
                "--master_addr=127.0.0.1", f"--master_port={_free_port()}", "-m", "lattice.training.worker", str(spec_path)]
         env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-        proc = subprocess.run(cmd, env=env)
-        if proc.returncode != 0:
-            raise RuntimeError(f"torchrun training of {model!r} on {n} ranks failed (exit {proc.returncode}); "
-                               f"see the rank logs above. Command: {' '.join(cmd)}")
+        code, tail = run_child(cmd, env, log)
+        if code != 0:
+            last = "\nlast lines of the ranks' stderr:\n" + "\n".join(tail) if tail else ""
+            raise RuntimeError(f"torchrun training of {model!r} on {n} ranks failed (exit {code}); "
+                               f"see the rank logs above. Command: {' '.join(cmd)}{last}")
         if not (out / "summary.json").exists():
             return {"interrupted": True, "model": model}
     summary = json.loads((out / "summary.json").read_text())
@@ -100,14 +105,14 @@ def score(config: PlatformConfig, paths: Paths, model: str, split: str = "all", 
     # 1M test rows of the 10M set scored in 17.0-17.4 s in-line, 18.3-19.0 s with one worker.
     loader = BatchLoader(config, find_table(paths), net.dense_stats, split, shuffle=False, batch_size=8192, num_workers=0)
     frames = []
-    from tqdm import tqdm
-
-    for batch in tqdm(loader, desc=f"score {model} ({split})", unit="batch", disable=not progress):
+    for batch in progress_bar(loader, desc=f"score {model} ({split})", unit="batch", enabled=progress):
         probs = predict(net, batch)
         f = {"example_id": batch.example_ids, "domain": [config.domain_names[i] for i in batch.domain.tolist()]}
         f.update({f"p_{o}": p.numpy() for o, p in probs.items()})
         frames.append(pd.DataFrame(f))
-    pd.concat(frames, ignore_index=True).to_parquet(out, index=False)
+    from lattice.data.passthrough import attach
+
+    attach(config, find_table(paths), pd.concat(frames, ignore_index=True)).to_parquet(out, index=False)
     return out
 
 

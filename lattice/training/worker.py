@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 from pathlib import Path
 
-from lattice.training.loop import run
-from lattice.training.spec import RunSpec
+from lattice.relay import configure_child
 
 if __name__ == "__main__":
-    run(RunSpec.load(Path(sys.argv[1])))
+    configure_child()  # first: the imports below warn too
+    from lattice.training.loop import run
+    from lattice.training.spec import RunSpec
+
+    try:
+        run(RunSpec.load(Path(sys.argv[1])))
+    except Exception:
+        # through logging, so a relayed traceback reads as ERROR line by line, not as stray stderr
+        logging.getLogger("lattice.training.worker").exception("rank failed")
+        sys.exit(1)

@@ -93,7 +93,7 @@ def test_demo_html_renders_in_chromium(demo_run, artifacts):
     assert html.count("<img") >= 3 and "Promotion decision" in html
     chromium = "/usr/bin/chromium"
     if not os.path.exists(chromium):
-        pytest.fail("Debian chromium is required for this test; run `LATTICE_WITH_BROWSER=1 bash infra/setup.sh`")
+        pytest.fail("Debian chromium is required for this test; run `bash infra/setup.sh`")
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:

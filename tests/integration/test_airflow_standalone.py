@@ -103,7 +103,7 @@ def test_browser_login_trigger_with_param_and_watch_success(airflow, features_ru
 
     sa, client, _ = airflow
     if not Path(CHROMIUM).exists():
-        pytest.fail(f"{CHROMIUM} not found: install Debian's chromium (infra/setup.sh with LATTICE_WITH_BROWSER=1)")
+        pytest.fail(f"{CHROMIUM} not found: install Debian's chromium (bash infra/setup.sh installs it)")
     # the teacher DAG (one small epoch on the features just built) is cheaper than a second Spark
     # run; until the model stages are registered the features DAG is triggered again instead
     if _missing(["train", "evaluate", "register"]):

@@ -84,7 +84,8 @@ def build(tmp, extra: dict | None = None):
     (data / "web" / "b_bad.csv").write_text("\n".join([HEADER, *BAD_WEB, good_web(41)[-1]]) + "\n")
     video = [{"viewer": i % 4 + 1, "creative": 9, "when": f"2026-01-03T0{i % 9}:00:00Z", "click": i % 2, "conv": 0} for i in range(20)]
     video.append({"viewer": 5, "creative": 9, "when": "2026-01-03T10:00:00Z", "click": 0, "conv": 1})
-    jsonl(data / "video" / "v.jsonl", [*video, *BAD_VIDEO, json.dumps(video[0])])  # last one: an exact duplicate
+    # the last one is an exact copy of the first: no key is declared, so it is a distinct event
+    jsonl(data / "video" / "v.jsonl", [*video, *BAD_VIDEO, json.dumps(video[0])])
     cfg = mini_config(extra)
     cfg["data_root"] = str(data)
     config = write_config(tmp, cfg)
@@ -103,7 +104,7 @@ def bad_run(spark, tmp_path_factory):
 def test_every_bad_row_is_quarantined_with_its_reason(bad_run):
     config, paths, res, _ = bad_run
     expected: dict[str, int] = {}
-    for reason in [*BAD_WEB.values(), *BAD_VIDEO.values(), "duplicate_row"]:
+    for reason in [*BAD_WEB.values(), *BAD_VIDEO.values()]:
         expected[reason] = expected.get(reason, 0) + 1
     assert res["quarantine_reasons"] == expected
     q = read_table(paths.quarantine)
@@ -120,7 +121,8 @@ def test_reconciliation_adds_up(bad_run):
     _, paths, res, _ = bad_run
     total_lines = 40 + len(BAD_WEB) + 1 + 21 + len(BAD_VIDEO) + 1
     assert res["totals"]["rows_in"] == total_lines
-    assert res["totals"]["rows_out"] == 40 + 1 + 21
+    assert res["totals"]["rows_out"] == 40 + 1 + 21 + 1  # the identical copy is kept ...
+    assert res["sources"]["video_log"]["identical_rows"] == 1  # ... and counted
     assert res["totals"]["balanced"] and all(r["balanced"] for r in res["reconciliation"])
     assert len(read_table(paths.consolidated)) == res["totals"]["rows_out"]
     # GX raw suites ran on the same rows and saw the failures (not fatal: they are quarantined)
@@ -202,6 +204,8 @@ def test_table_level_failure_stops_the_run_with_a_report(spark, tmp_path, capsys
     err = capsys.readouterr().err
     assert rc == 1
     assert "validation failed" in err and "expect_column_pair_values_a_to_be_greater_than_b" in err
+    # the first lines say what happened in the user's terms: domain, kept of read, the bound
+    assert "domain feed:" in err and "rows kept (min_rows 1000)" in err
     assert not paths.consolidated.exists()  # nothing published
     summary = json.loads((paths.workdir / "features_summary.json").read_text())
     assert summary["status"] == "failed"
@@ -220,4 +224,4 @@ def test_spark_submit_runs_a_job(spark, tmp_path, root):
                           capture_output=True, text=True, timeout=600, env=env, cwd=root)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout[proc.stdout.index("{"):])
-    assert out["totals"]["balanced"] and out["totals"]["rows_out"] == 62
+    assert out["totals"]["balanced"] and out["totals"]["rows_out"] == 63

@@ -103,3 +103,37 @@ def test_cell_metrics_skip_masked_rows(config):
     assert set(cells) == set(config.cells())
     assert ("video", "conversion") not in cells
     assert all(abs(m.calibration - 1) < 0.2 for m in cells.values())
+
+
+def _cal_cell(positives: int, cal: float, rate: float = 0.01) -> CellMetrics:
+    """A cell whose predictions sum to cal * positives, spread evenly over positives / rate rows."""
+    n = int(positives / rate)
+    p = cal * positives / n
+    return CellMetrics(ne=0.8, auc=0.7, calibration=cal, count=n, positives=positives, expected=cal * positives,
+                       variance=n * p * (1 - p))
+
+
+def test_calibration_just_outside_the_bounds_in_a_small_cell_is_noise(config):
+    """The demo's first model was rejected for search/conversion at 1.257 vs 1.25 over ~150
+    positives: the positive count alone varies by ±12 there, so that is no evidence."""
+    challenger = _cells(config)
+    challenger[("search", "conversion")] = _cal_cell(150, 1.257)
+    d = decide(config.promotion, _inputs(config, challenger, _cells(config)))
+    assert d.passed, [r.message for r in d.failed]
+    msg = next(r.message for r in d.reasons if r.check == "calibration" and r.cell == "search/conversion")
+    assert "within noise" in msg and "150 positives" in msg
+
+
+def test_the_same_calibration_in_a_large_cell_rejects(config):
+    challenger = _cells(config)
+    challenger[("search", "conversion")] = _cal_cell(20_000, 1.35)  # interval [1.33, 1.37] over 20k positives
+    d = decide(config.promotion, _inputs(config, challenger, _cells(config)))
+    assert d.failed_cells == ["search/conversion"]
+    assert "outside the bounds" in d.failed[0].message
+
+
+def test_calibration_confidence_zero_checks_the_point_estimate(config):
+    strict = config.promotion.model_copy(update={"calibration_confidence": 0.0})
+    challenger = _cells(config)
+    challenger[("search", "conversion")] = _cal_cell(150, 1.257)
+    assert decide(strict, _inputs(config, challenger, _cells(config))).failed_cells == ["search/conversion"]

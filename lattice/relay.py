@@ -1,0 +1,98 @@
+"""A child process's output through this process's `logging`, each line at the level it names.
+
+Airflow files all a task writes to stderr at ERROR. torchrun ranks that inherit the task's
+stderr so turn every library warning, and every progress line, into an error in a task that
+succeeds. Off a terminal, `run_child` pipes the child instead and re-logs what it writes: stdout
+(the loop's prints) at INFO, stderr lines at the level their prefix names, unprefixed ones at
+WARNING; a failure shows as the caller's error with the tail of stderr, and the exit code.
+
+The prefix comes from `configure_child()`, which a child started by `run_child` calls first.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import subprocess
+import sys
+import threading
+from collections import deque
+from typing import IO
+
+from lattice.progress import is_terminal
+
+ENV = "LATTICE_RELAYED_LOGS"  # set by run_child: the parent reads the prefixes, so write them
+_NAMES = {"DEBUG": logging.DEBUG, "INFO": logging.INFO, "WARNING": logging.WARNING, "ERROR": logging.ERROR,
+          "CRITICAL": logging.CRITICAL}
+_GLOG = {"I": logging.INFO, "W": logging.WARNING, "E": logging.ERROR, "F": logging.CRITICAL}
+# ours ("WARNING [rank 1] py.warnings: ..."), glog from torch's Python side ("W1201 08:00:00.1 ..."),
+# c10 from its C++ side ("[W1201 08:00:00.1 ...]", older "[W socket.cpp:...]")
+_OURS = re.compile(r"(DEBUG|INFO|WARNING|ERROR|CRITICAL) ")
+_TORCH = re.compile(r"\[([IWEF])[\d ]|([IWEF])\d{4} ")
+
+
+def level_of(line: str) -> int | None:
+    """The level a line's prefix names, or None."""
+    if m := _OURS.match(line):
+        return _NAMES[m.group(1)]
+    if m := _TORCH.match(line):
+        return _GLOG[m.group(1) or m.group(2)]
+    return None
+
+
+class _EachLine(logging.Formatter):
+    # Ranks share one pipe and a record may span lines (a traceback, a warning's source line):
+    # a prefix on every line lets the parent place each line on its own.
+    def format(self, record: logging.LogRecord) -> str:
+        head = f"{record.levelname} [rank {os.environ.get('RANK', '0')}] {record.name}: "
+        return "\n".join(head + line for line in super().format(record).splitlines())
+
+
+def configure_child() -> None:
+    """In a child started by `run_child`: records, and Python warnings, as prefixed stderr lines."""
+    if os.environ.get(ENV) != "1":
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_EachLine("%(message)s"))
+    logging.getLogger().addHandler(handler)
+    # The root level stays where the libraries left it (training/distributed.py sets ERROR against
+    # torchrec's root-logger chatter); ours and Python warnings pass at their own levels.
+    logging.getLogger("lattice").setLevel(logging.INFO)
+    logging.getLogger("py.warnings").setLevel(logging.WARNING)
+    logging.captureWarnings(True)
+
+
+def _pump(stream: IO[str], log: logging.Logger, default: int, tail: deque[str] | None) -> None:
+    for raw in stream:
+        line = raw.rstrip("\n")
+        level = level_of(line)
+        if level is not None and _OURS.match(line):
+            line = line.split(" ", 1)[1]  # the level is the record's now; keep rank and logger
+        log.log(default if level is None else level, "%s", line)
+        if tail is not None:
+            tail.append(line)
+
+
+def run_child(cmd: list[str], env: dict[str, str], log: logging.Logger, tail_lines: int = 40) -> tuple[int, list[str]]:
+    """Run `cmd` to its end; returns (exit code, the last `tail_lines` lines of its stderr).
+    On a terminal the child inherits it (rank 0 draws its bar there) and the tail is empty."""
+    if is_terminal(sys.stderr):
+        return subprocess.run(cmd, env=env).returncode, []
+    tail: deque[str] = deque(maxlen=tail_lines)
+    proc = subprocess.Popen(cmd, env={**env, ENV: "1", "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, errors="replace")
+    assert proc.stdout is not None and proc.stderr is not None
+    # daemon: after an interrupt, a rank left holding a pipe must not keep this process alive
+    pumps = [threading.Thread(target=_pump, args=(proc.stdout, log, logging.INFO, None), daemon=True),
+             threading.Thread(target=_pump, args=(proc.stderr, log, logging.WARNING, tail), daemon=True)]
+    for t in pumps:
+        t.start()
+    try:
+        code = proc.wait()
+    except BaseException:  # as subprocess.run does: an interrupted wait takes the child down
+        proc.kill()
+        raise
+    for t in pumps:
+        t.join()
+    return code, list(tail)
