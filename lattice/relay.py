@@ -4,7 +4,7 @@ Airflow files all a task writes to stderr at ERROR. torchrun ranks that inherit 
 stderr so turn every library warning, and every progress line, into an error in a task that
 succeeds. Off a terminal, `run_child` pipes the child instead and re-logs what it writes: stdout
 (the loop's prints) at INFO, stderr lines at the level their prefix names, unprefixed ones at
-WARNING; a failure shows as the caller's error with the tail of stderr, and the exit code.
+WARNING but for a traceback's, which are ERROR; the caller gets the exit code and stderr's tail.
 
 The prefix comes from `configure_child()`, which a child started by `run_child` calls first.
 """
@@ -26,10 +26,10 @@ ENV = "LATTICE_RELAYED_LOGS"  # set by run_child: the parent reads the prefixes,
 _NAMES = {"DEBUG": logging.DEBUG, "INFO": logging.INFO, "WARNING": logging.WARNING, "ERROR": logging.ERROR,
           "CRITICAL": logging.CRITICAL}
 _GLOG = {"I": logging.INFO, "W": logging.WARNING, "E": logging.ERROR, "F": logging.CRITICAL}
-# ours ("WARNING [rank 1] py.warnings: ..."), glog from torch's Python side ("W1201 08:00:00.1 ..."),
-# c10 from its C++ side ("[W1201 08:00:00.1 ...]", older "[W socket.cpp:...]")
+# ours ("WARNING [rank 1] py.warnings: ..."), glog from torch's Python side ("W1201 08:00:00.1 ...",
+# "[rank1]:W1201 ..." under torchrun), c10 from its C++ side ("[W1201 08:00:00.1 ...]", "[W socket.cpp:...]")
 _OURS = re.compile(r"(DEBUG|INFO|WARNING|ERROR|CRITICAL) ")
-_TORCH = re.compile(r"\[([IWEF])[\d ]|([IWEF])\d{4} ")
+_TORCH = re.compile(r"(?:\[rank\d+\]:)?(?:\[([IWEF])[\d ]|([IWEF])\d{4} )")
 
 
 def level_of(line: str) -> int | None:
@@ -46,7 +46,7 @@ class _EachLine(logging.Formatter):
     # a prefix on every line lets the parent place each line on its own.
     def format(self, record: logging.LogRecord) -> str:
         head = f"{record.levelname} [rank {os.environ.get('RANK', '0')}] {record.name}: "
-        return "\n".join(head + line for line in super().format(record).splitlines())
+        return "\n".join(head + line for line in super().format(record).splitlines() or [""])
 
 
 def configure_child() -> None:
@@ -64,12 +64,18 @@ def configure_child() -> None:
 
 
 def _pump(stream: IO[str], log: logging.Logger, default: int, tail: deque[str] | None) -> None:
+    unprefixed = default
     for raw in stream:
         line = raw.rstrip("\n")
         level = level_of(line)
-        if level is not None and _OURS.match(line):
-            line = line.split(" ", 1)[1]  # the level is the record's now; keep rank and logger
-        log.log(default if level is None else level, "%s", line)
+        if level is not None:
+            unprefixed = default
+            if _OURS.match(line):
+                line = line.split(" ", 1)[1]  # the level is the record's now; keep rank and logger
+        elif line.startswith("Traceback (most recent call last):"):
+            # a crash not logged by us (torchrun's own, a rank dying at import): an error to its end
+            unprefixed = logging.ERROR
+        log.log(unprefixed if level is None else level, "%s", line)
         if tail is not None:
             tail.append(line)
 

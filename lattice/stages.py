@@ -18,6 +18,7 @@ STAGES: dict[str, str] = {
     "register": "lattice.registry.stages:register",
     "promote": "lattice.promotion.stages:promote",
     "rollback": "lattice.promotion.stages:rollback",
+    "predict": "lattice.scoring.batch:predict_file",
     # the feature pipeline (Spark + Great Expectations + Feast); "features" runs the whole chain
     "features": "pipelines.stages:run_features",
     "consolidate": "pipelines.consolidate:ingest_and_consolidate",

@@ -33,7 +33,14 @@ def expand_braces(pattern: str) -> list[str]:
 
 def source_files(paths: Paths, source: Source) -> list[str]:
     full = str(paths.source_path(source.path))
-    files = sorted({f for p in expand_braces(full) for f in glob.glob(p) if Path(f).is_file()})
+    files: set[str] = set()
+    for p in (f for pat in expand_braces(full) for f in glob.glob(pat)):
+        if Path(p).is_dir():  # a folder: every file of the source's format in it (Spark's part files too)
+            exts = (".json", ".jsonl") if source.format == "jsonl" else (f".{source.format}",)
+            files |= {str(f) for f in Path(p).rglob("*") if f.is_file() and f.name.endswith(exts) and not f.name.startswith(("_", "."))}
+        elif Path(p).is_file():
+            files.add(p)
+    files = sorted(files)
     if not files:
         raise SourceError(f"source {source.name!r}: no file matches {full} (check 'path' and data_root, "
                           f"or set LATTICE_SHARED_DATA / LATTICE_DEMO_DATA)")

@@ -6,6 +6,10 @@ import argparse
 from pathlib import Path
 
 
+
+def _v(version) -> str:
+    return "(none)" if version is None else f"v{version}"
+
 def _summary(report: dict) -> str:
     lines = ["", "Headline: macro NE per objective (test split; lower is better)"]
     head = report.get("headline", {})
@@ -15,7 +19,7 @@ def _summary(report: dict) -> str:
         lines.append(f"  {model:<22}" + "".join(f"{vals.get(o, float('nan')):>12.4f}" for o in objs))
     promo = report.get("promotion") or {}
     if promo:
-        lines.append(f"\nPromotion: {promo.get('decision', '?')} (champion v{promo.get('champion_before')} -> v{promo.get('champion_after')})")
+        lines.append(f"\nPromotion: {promo.get('decision', '?')} (champion {_v(promo.get('champion_before'))} -> {_v(promo.get('champion_after'))})")
     lines.append("\nStage timings:")
     for t in report.get("timings", []):
         lines.append(f"  {t['stage']:<22}{t['seconds']:>9.1f}s  {t['status']}")

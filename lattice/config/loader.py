@@ -67,7 +67,7 @@ def _narrow(tp: object) -> object:
     return tp
 
 
-def _is_model(tp: object) -> bool:
+def _is_model(tp: object) -> typing.TypeGuard[type[BaseModel]]:
     return isinstance(tp, type) and issubclass(tp, BaseModel)
 
 
@@ -82,8 +82,8 @@ def _walk(loc: tuple) -> tuple[object | None, FieldInfo | None]:
         if isinstance(part, str) and (part.startswith("function-") or part == getattr(tp, "__name__", None)):
             continue
         origin, args = typing.get_origin(tp), typing.get_args(tp)
-        if _is_model(tp) and isinstance(part, str) and part in tp.model_fields:  # type: ignore[union-attr]
-            field = tp.model_fields[part]  # type: ignore[union-attr]
+        if _is_model(tp) and isinstance(part, str) and part in tp.model_fields:
+            field = tp.model_fields[part]
             tp = field.annotation
         elif origin in (list, set, frozenset) and isinstance(part, int):
             tp, field = args[0], None
@@ -101,7 +101,7 @@ def _unknown_key(loc: tuple) -> str:
     model, _ = _walk(loc[:-1])
     if not _is_model(model):
         return f"unknown key {key!r}; remove it or fix its spelling"
-    valid = list(model.model_fields)  # type: ignore[union-attr]
+    valid = list(typing.cast(type[BaseModel], model).model_fields)
     near = difflib.get_close_matches(key, valid, n=1, cutoff=0.6)
     hint = f"did you mean {near[0]!r}?" if near else "remove it or fix its spelling"
     return f"unknown key {key!r}; {hint} (valid keys: {', '.join(valid)})"
@@ -161,7 +161,7 @@ def _patched(data: dict, errors: list[dict]) -> dict | None:
         key: object = None
         node: object = fixed
         for part in loc:
-            if isinstance(node, (dict, list)) and (part in node if isinstance(node, dict) else isinstance(part, int) and part < len(node)):
+            if isinstance(node, dict) and part in node or isinstance(node, list) and isinstance(part, int) and part < len(node):
                 parent, key, node = node, part, node[part]  # type: ignore[index]
             elif isinstance(part, str) and (part.startswith("function-") or part[:1].isupper() or part == "str"):
                 continue  # a union-branch marker, not a key of the data
@@ -175,6 +175,8 @@ def _patched(data: dict, errors: list[dict]) -> dict | None:
         if any(isinstance(part, str) and part in _RULE_FIELDS for part in loc):
             return None
         tp, field = _walk(loc)
+        if tp is None or _is_model(tp):
+            return None  # a whole section's defaults could change what the rules read inside it
         if field is not None and not field.is_required() and isinstance(parent, dict):
             del parent[key]
         elif typing.get_origin(tp) is typing.Literal:
@@ -203,7 +205,7 @@ def parse_config(data: object, file: str = "<memory>") -> PlatformConfig:
     try:
         cfg = PlatformConfig.model_validate(data)
     except ValidationError as exc:
-        errors = _collapse_union(exc.errors())
+        errors = _collapse_union([dict(e) for e in exc.errors()])
         problems = [Problem(_loc(e["loc"]), e.get("input"), _fix_for(e)) for e in errors]
         raise ConfigError(file, problems + _cross_field_despite(data, errors)) from None
     problems = [Problem(p, v, m) for p, v, m in cfg.problems()]
@@ -286,7 +288,8 @@ def _find_duplicates(node: yaml.Node, where: str, found: list, seen: set[int]) -
             path = f"{where}.{key}" if where else key
             line = key_node.start_mark.line + 1
             if key in first:
-                shown = value_node.value if isinstance(value_node, yaml.ScalarNode) else "{...}" if isinstance(value_node, yaml.MappingNode) else "[...]"
+                shown = (value_node.value if isinstance(value_node, yaml.ScalarNode)
+                         else "{...}" if isinstance(value_node, yaml.MappingNode) else "[...]")
                 found.append((path, key, shown, line, first[key]))
             else:
                 first[key] = line

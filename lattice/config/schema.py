@@ -33,8 +33,12 @@ class DomainFromColumn(Strict):
     mapped value -> domain name."""
 
     column: str | None = None
+    """Raw column whose value picks the domain (give this or `expr`)."""
     expr: str | None = None
+    """Spark SQL expression over raw columns whose value picks the domain, e.g. `substr(site_id, 1,
+    2)` (give this or `column`)."""
     map: dict[str, str] = Field(min_length=1)
+    """Value (compared as text) -> domain name."""
     default: str | None = None
     """Domain for values not in `map`; without it such rows are quarantined."""
 
@@ -86,7 +90,11 @@ class LabelSpec(Strict):
     """A label is either a raw column holding 0/1 or a Spark SQL boolean/0-1 expression."""
 
     column: str | None = None
+    """Raw column holding the label as 0/1. A row with an empty value is quarantined as
+    `null_label`, one with any other value as `bad_label`."""
     expr: str | None = None
+    """Spark SQL boolean or 0/1 expression over raw columns, e.g. `dwell_ms > 30000` (true counts as
+    1)."""
 
     @model_validator(mode="after")
     def _one_of(self) -> "LabelSpec":
@@ -99,10 +107,16 @@ class Source(Strict):
     """One raw log of one or more domains."""
 
     name: str = Field(pattern=NAME_RE)
+    """Names the source in errors, quarantined rows and the schema-drift record. It is also hashed
+    into every example id, so renaming a source changes its examples' ids (and so their hash split)."""
     path: str
     """File, folder or glob; relative paths resolve against the config's `data_root`."""
     format: Literal["csv", "tsv", "parquet", "jsonl"]
+    """`csv` (comma-separated), `tsv` (tab-separated), `parquet`, or `jsonl` (one JSON object per
+    line); every file of the source has it."""
     header: bool = True
+    """csv/tsv: the first line names the columns; with `false`, name them in `schema_columns`.
+    Parquet and jsonl files name their own columns."""
     schema_columns: list[str] | None = None
     """Column names in file order, required for csv/tsv files without a header."""
     domain: str | DomainFromColumn
@@ -110,6 +124,7 @@ class Source(Strict):
     columns: dict[str, str] = Field(default_factory=dict)
     """Raw column name -> canonical name (feature columns and entity keys)."""
     event_time: EventTime
+    """How each row's event time is read (see `EventTime`)."""
     labels: dict[str, LabelSpec] = Field(default_factory=dict)
     """Objective name -> how to read its label from this source."""
     truth: dict[str, str] = Field(default_factory=dict)
@@ -155,14 +170,21 @@ class Source(Strict):
 
 class Domain(Strict):
     name: str = Field(pattern=NAME_RE)
+    """The domain (ad surface) that objectives and sources refer to; written to the `domain` column
+    and used in every per-domain report."""
     description: str = ""
+    """Free text for people reading the config; no stage reads it."""
     min_rows: int = Field(default=1, ge=0)
     """Validation: the consolidated table must hold at least this many rows of the domain."""
 
 
 class Objective(Strict):
     name: str = Field(pattern=NAME_RE)
+    """Names the label (the `label_<name>` and `mask_<name>` columns), the model head, and what
+    sources' `labels`, aggregates and `given` refer to."""
     loss_weight: float = Field(default=1.0, gt=0)
+    """Multiplies this objective's terms (label and teacher soft-label) in the training loss; above
+    1 favours it over the others."""
     domains: list[str] = Field(min_length=1)
     """Domains whose logs carry this label; elsewhere the label is masked, never a fake negative."""
     label_rate: tuple[float, float] = (0.0, 1.0)
@@ -187,31 +209,54 @@ Hashing = Literal["none", "modulo", "qr", "learned"]
 
 class SparseFeature(Strict):
     name: str = Field(pattern=NAME_RE)
+    """Names the embedding table and the feature in reports; `--set
+    features.sparse.<name>.KEY=VALUE` addresses it."""
     column: str
     """Canonical column (after a source's column mapping)."""
     embedding_dim: int = Field(default=16, ge=1, le=1024)
+    """Width of this feature's embedding table; a model uses min(this, its own `embedding_dim`) and
+    projects it to its token width."""
     num_embeddings: int = Field(default=100_000, ge=2)
+    """Rows of the embedding table (before a model's `table_scale`). A raw value becomes an integer
+    id (an integer as it is, other text hashed to 60 bits) and `hashing` maps the id to a row."""
     hashing: Hashing = "modulo"
+    """How an id picks a row: `modulo` (id mod rows; ids beyond the table share rows, noted at
+    training), `none` (the id is the row: an id outside [0, num_embeddings) stops training), `qr` or
+    `learned` (need a remap registered in lattice/models/remap.py; none ships yet, so a model using
+    them fails to build)."""
     entity: bool = False
     """An entity key (user, ad, ...): aggregates and Feast entities can join on it."""
 
 
 class DenseFeature(Strict):
     name: str = Field(pattern=NAME_RE)
+    """Names the feature in reports; `--set features.dense.<name>.KEY=VALUE` addresses it."""
     column: str
+    """Canonical numeric column (after a source's column mapping). An empty value reads as 0 with
+    `<column>_present` = 0 (the models see both); non-numeric text is quarantined as `bad_value`."""
     transform: Literal["none", "log1p", "standardize", "clip"] = "none"
+    """Applied before standardizing: `log1p` (log(1 + max(x, 0)), for heavy-tailed counts and
+    prices), `clip` (to `clip`) or `none`. Every dense input is then z-scored with the train split's
+    mean and std, so `standardize` is the same as `none`."""
     clip: tuple[float, float] | None = None
+    """[low, high] bounds for `transform: clip`; without them `clip` leaves values as they are."""
 
 
 class AggregateFeature(Strict):
     """Point-in-time counts and rates of an objective per entity over trailing windows."""
 
     name: str = Field(pattern=NAME_RE)
+    """Prefix of its columns (`<name>_<statistic>_<window>`) and the name of its Feast feature view."""
     entity: str
     """Name of a sparse feature with `entity: true`."""
     objective: str
+    """Objective whose labelled events of the entity are counted."""
     windows: list[str] = Field(min_length=1)
+    """Trailing windows in hours or days ('12h', '7d'). Each counts the entity's events in [t -
+    window, t), strictly before the example's own time, so no example sees its own label."""
     statistics: list[Literal["count", "positives", "rate"]] = Field(default_factory=lambda: ["count", "positives", "rate"])
+    """Columns per window, named `<name>_<statistic>_<window>`: `count` (labelled events),
+    `positives` (those with label 1), `rate` (positives / count, 0 with no events)."""
 
     @field_validator("windows")
     @classmethod
@@ -231,8 +276,12 @@ class AggregateFeature(Strict):
 
 class Features(Strict):
     sparse: list[SparseFeature] = Field(min_length=1)
+    """Categorical features, one embedding table each; entity keys are among them."""
     dense: list[DenseFeature] = Field(default_factory=list)
+    """Numeric features, fed to the models after `transform` and z-scoring."""
     aggregates: list[AggregateFeature] = Field(default_factory=list)
+    """Point-in-time counts and rates of an objective per entity, computed by Spark and served
+    through Feast."""
 
 
 # ---------------------------------------------------------------- models
@@ -251,7 +300,10 @@ class ModelSize(Strict):
     num_tokens: int = Field(default=8, ge=1)
     """Tokens each interaction layer outputs."""
     fm_rank: int = Field(default=8, ge=1)
+    """Rank k of each interaction layer's factorization-machine block: the N tokens interact with k
+    learned mixes of themselves, O(N·k·D) instead of O(N²·D)."""
     head_dims: list[int] = Field(default_factory=lambda: [64])
+    """Hidden layer widths of each objective's head (an MLP ending in one logit)."""
     shared_dims: list[int] = Field(default_factory=list)
     """Hidden layers shared by every objective's head, between the interaction stack and the
     heads (empty: each head reads the tokens alone). A rare objective (conversion) then reuses
@@ -260,6 +312,8 @@ class ModelSize(Strict):
     """With `shared_dims`: more than 1 makes that many shared stacks (experts), mixed per
     objective by a softmax gate (MMoE on top of the interaction stack)."""
     domain_token: bool = True
+    """Add a learned embedding of the example's domain as one more input token, so every interaction
+    can depend on the domain."""
     domain_untied: bool = False
     """Give every domain its own final interaction layer (parameter untying)."""
     domain_fm: int = Field(default=0, ge=0)
@@ -269,6 +323,8 @@ class ModelSize(Strict):
     own (a domain-specific interaction metric, as STAR's domain-times-shared weights do for MLPs).
     0: off."""
     dropout: float = Field(default=0.0, ge=0, lt=1)
+    """Dropout probability after every hidden layer of the interaction blocks, shared stacks and
+    heads (0: off)."""
 
 
 class Baselines(Strict):
@@ -277,13 +333,21 @@ class Baselines(Strict):
     pooled: bool = True
     """One single-task model per objective on all domains."""
     multitask: Literal["none", "shared_bottom", "mmoe"] = "mmoe"
+    """The multi-task baseline: `mmoe` (4 experts mixed per objective by a gate), `shared_bottom`
+    (one shared bottom MLP) or `none`."""
     size: ModelSize = Field(default_factory=lambda: ModelSize(num_layers=1))
+    """Network size shared by every baseline model."""
 
 
 class Models(Strict):
     teacher: ModelSize = Field(default_factory=lambda: ModelSize(embedding_dim=32, num_layers=3, num_tokens=16, head_dims=[128]))
+    """The large multi-domain multi-objective network; its scores are the student's soft labels."""
     student: ModelSize = Field(default_factory=lambda: ModelSize(embedding_dim=8, num_layers=1, num_tokens=4, head_dims=[32]))
+    """The small network distilled from the teacher: the one exported, gated and served. No size key
+    may exceed the teacher's."""
     baselines: Baselines = Field(default_factory=Baselines)
+    """Reference models trained next to the teacher, to measure what sharing across domains and
+    objectives gains."""
 
 
 # ---------------------------------------------------------------- training and later stages
@@ -328,49 +392,87 @@ class Training(Strict):
     batch_size: int = Field(default=1024, ge=1)
     """Examples per optimizer step over all ranks (each of N ranks loads batch_size / N)."""
     epochs: int = Field(default=2, ge=1)
+    """Passes over the train split. The validation macro NE is measured after each epoch and the
+    best epoch's weights are kept."""
     lr_dense: float = Field(default=1e-3, gt=0)
+    """Adam learning rate of the dense parameters (interaction layers, MLPs, projections); see
+    `lr_decay_to`."""
     lr_sparse: float = Field(default=0.05, gt=0)
+    """Learning rate of the embedding tables' `sparse_optimizer`, applied inside the backward pass;
+    constant."""
     lr_decay_to: float = Field(default=1.0, gt=0, le=1)
     """The dense learning rate at the end of the last epoch, as a fraction of lr_dense: it falls
     linearly over the planned steps (epochs x training rows / batch_size). Below 1, training ends
     on an average of many batches rather than on the noise of the last few; 1 keeps it constant."""
     sparse_optimizer: Literal["adagrad", "sgd", "rowwise_adagrad"] = "rowwise_adagrad"
+    """Optimizer of the embedding tables: `rowwise_adagrad` (one accumulator per row: Adagrad's
+    per-row step size at 1/dim of its state), `adagrad` or `sgd`."""
     validation_fraction: float = Field(default=0.1, gt=0, lt=1)
+    """With `split.kind: hash`: the share of examples in the validation split (early stopping and
+    best-epoch choice). The train share, 1 - validation_fraction - test_fraction, also sizes the
+    planned steps of the `lr_decay_to` schedule."""
     test_fraction: float = Field(default=0.1, gt=0, lt=1)
+    """With `split.kind: hash`: the share of examples in the test split, held out from training and
+    validation; reported metrics are measured on it."""
     early_stopping_patience: int = Field(default=2, ge=0)
+    """Epochs in a row without a better validation macro NE that training tolerates: it stops after
+    patience + 1 of them (0: at the first). The best epoch's weights are kept either way."""
     nproc: int = Field(default=2, ge=1)
+    """Training processes (torchrun ranks) that share the embedding tables; 1 trains in the calling
+    process without sharding. `--nproc` overrides it."""
     sharding_types: list[Literal["table_wise", "column_wise", "table_column_wise", "data_parallel", "row_wise"]] = Field(
         default_factory=lambda: ["table_wise", "column_wise", "data_parallel"]
     )
+    """TorchRec sharding kinds the planner may choose from for each embedding table. Without CUDA
+    `row_wise` is dropped (gloo has no reduce-scatter)."""
     seed: int = 0
+    """Seeds model initialization and the per-epoch shuffle of the train split, so a rerun with the
+    same ranks and workers sees the same batches."""
     num_workers: int = Field(default=1, ge=0)
+    """Data-loader worker processes per rank reading the training table (0: read in the training
+    process); at most one per parquet row group."""
 
 
 class Distillation(Strict):
     label_weight: float = Field(default=1.0, ge=0)
+    """Weight of the true-label loss when the student trains on teacher scores (without them the
+    label loss weighs 1)."""
     soft_weight: float = Field(default=1.0, ge=0)
     """Weight of the teacher soft-label loss where the true label exists."""
     unlabeled_weight: float = Field(default=0.5, ge=0)
     """Weight of the teacher soft-label loss where the label is absent (mask 0)."""
     temperature: float = Field(default=1.0, gt=0)
+    """Softens the teacher: the target is sigmoid(logit(p) / T) and the student's logit is divided
+    by T in the soft-label loss; 1 takes the teacher's probabilities as they are."""
 
 
 class FP8(Strict):
     enabled: bool = False
+    """Reserved: no stage reads the `fp8` section yet, so training and export run in FP32 whatever
+    it says."""
     format: Literal["e4m3", "e5m2"] = "e4m3"
+    """FP8 encoding, `e4m3` (more precision) or `e5m2` (more range); reserved like `enabled`."""
     max_relative_error: float = Field(default=0.05, gt=0)
     """LoKA-style probe: a layer runs in FP8 only if its output error stays below this."""
 
 
 class HashingConfig(Strict):
     qr_collisions: int = Field(default=4, ge=2)
+    """`hashing: qr`: ids per remainder row, so the quotient table has num_embeddings /
+    qr_collisions rows. Only the config summary's size estimate reads it: no qr remap ships yet."""
     learned_clusters: int = Field(default=1024, ge=2)
+    """Reserved for `hashing: learned`; no learned remap ships yet and no stage reads it."""
     frequency_threshold: int = Field(default=2, ge=1)
+    """Reserved for `hashing: learned`; no learned remap ships yet and no stage reads it."""
 
 
 class Floors(Strict):
     max_ne: float = Field(default=0.99, gt=0)
+    """First model only (no champion yet): every cell's NE on the evaluation window must be at most
+    this; below 1 is better than predicting the base rate."""
     min_auc: float = Field(default=0.55, ge=0, le=1)
+    """First model only: every cell's AUC on the evaluation window must be at least this (0.5 ranks
+    at random)."""
 
 
 class Promotion(Strict):
@@ -385,8 +487,12 @@ class Promotion(Strict):
     teacher_epsilon: float = Field(default=0.03, ge=0)
     """ε: the student's macro NE may exceed its teacher's by at most this (relative)."""
     max_latency_ms: float = Field(default=10.0, gt=0)
+    """Budget for the exported student's single-request p99 latency in milliseconds (encoding +
+    forward, measured over 200 one-row requests when promoting)."""
     max_artifact_mb: float = Field(default=200.0, gt=0)
+    """Budget for the exported student's size on disk, in MiB."""
     floors: Floors = Field(default_factory=Floors)
+    """Absolute bars for the first model, when there is no champion to compare with."""
     int8_embeddings: bool = False
     """Export the student with INT8 row-wise quantized embedding tables (smaller artifact)."""
     export_tolerance: float = Field(default=1e-4, gt=0)
@@ -400,7 +506,11 @@ class FeatureStore(Strict):
     """Where `get_historical_features` runs: Spark (the session the pipeline already has) or
     Feast's file store (dask, single process; slower, kept as a fallback)."""
     online_store: Literal["sqlite", "redis"] = "sqlite"
+    """Where serving reads features: `sqlite` (a file in the workdir's Feast repo; one machine) or
+    `redis` (at `redis_url`)."""
     redis_url: str = "localhost:6379"
+    """Feast's Redis `connection_string`, `host:port` optionally followed by `,db=0,password=...`;
+    read only with `online_store: redis`."""
     ttl: str = "1d"
     """Feast feature-view TTL ('30s', '15m', '1h', '7d'): how far back `get_historical_features`
     looks for an entity's latest row. The training set never needs a look-back (the aggregate
@@ -428,6 +538,8 @@ class Serving(Strict):
     materializes (daily by default), so a short cache loses nothing and spares hot entities
     (the Zipf head of users and ads) a store round trip per request."""
     feature_cache_entries: int = Field(default=200_000, ge=1)
+    """Most entity entries the feature cache holds; when full it is emptied (as when
+    `feature_cache_seconds` runs out), which bounds the server's memory."""
     online_mirror_entities: int = Field(default=1_000_000, ge=0)
     """SQLite online store: when every feature view holds at most this many entities, the server
     keeps the whole store in memory (about 8 bytes per entity and feature), loads it at startup
@@ -440,11 +552,17 @@ class Registry(Strict):
     tracking_uri: str | None = None
     """MLflow tracking server URL; default is a SQLite file in the workdir."""
     model_name: str | None = None
+    """Registered model name of the student (the served model); teachers and baselines register as
+    `<model_name>_<kind>`. Unset: `<name>_ranker`."""
 
 
 class Schedule(Strict):
     cron: str | None = None
+    """Airflow schedule: a cron expression (`0 3 * * *`) or a preset (`@daily`). Give this or
+    `asset`; with neither the DAG runs on manual triggers only."""
     asset: Literal["features", "teacher", "student"] | None = None
+    """Run when this asset is updated: `features` (the features DAG materialized), `teacher` (a
+    teacher was registered) or `student` (a student was registered)."""
 
     @model_validator(mode="after")
     def _one_of(self) -> "Schedule":
@@ -455,13 +573,20 @@ class Schedule(Strict):
 
 class Schedules(Strict):
     features: Schedule = Field(default_factory=lambda: Schedule(cron="@daily"))
+    """The features DAG: consolidate (ingest and validate), aggregates, Feast apply, training set,
+    materialize; a synthetic config first generates its logs."""
     train_teacher: Schedule = Field(default_factory=lambda: Schedule(asset="features"))
+    """The teacher DAG: train, evaluate, register."""
     distill: Schedule = Field(default_factory=lambda: Schedule(asset="teacher"))
+    """The student DAG: distill, export, register as challenger."""
     promote: Schedule = Field(default_factory=lambda: Schedule(asset="student"))
+    """The promotion DAG: gate the challenger against the champion and move the champion alias."""
 
 
 class TimeRange(Strict):
     start: dt.date
+    """First event date (inclusive, UTC); earlier events are quarantined as out of range. The
+    synthetic generator starts its logs here."""
     end: dt.date
     """Exclusive. Events outside [start, end) are quarantined as out of range."""
 
@@ -476,11 +601,19 @@ class Synthetic(Strict):
     """Parameters of the built-in generator (demo config only)."""
 
     users: int = Field(default=200_000, ge=10)
+    """Distinct users, at least: the generator uses max(users, rows / 4), so the id space grows with
+    the log."""
     ads: int = Field(default=50_000, ge=10)
+    """Distinct ads, at least: the generator uses max(ads, rows / 40)."""
     zipf_exponent: float = Field(default=1.1, gt=1)
+    """Skew of user and ad popularity (Zipf): larger gives the most popular ids more of the
+    impressions."""
     days: int = Field(default=7, ge=1)
+    """Days the logs span, from `time_range.start`."""
     seed: int = 42
+    """Seed of the generator: the same seed and row count give the same logs."""
     chunk_rows: int = Field(default=200_000, ge=1000)
+    """Rows per written part file; the generator's memory stays flat in the total row count."""
 
 
 # ---------------------------------------------------------------- the platform config
@@ -488,26 +621,48 @@ class Synthetic(Strict):
 
 class PlatformConfig(Strict):
     name: str = Field(pattern=NAME_RE)
+    """Names the platform: the default workdir, the Feast project, the DAG ids and the registered
+    models (`<name>_ranker`)."""
     description: str = ""
+    """One line shown by `lattice config check` and in the DAG docs."""
     data_root: str = "."
     """Folder raw source paths are relative to; `${VAR:-default}` expands environment variables."""
     workdir: str = ".lattice/{name}"
+    """Where every stage writes (tables, models, registry, reports); `{name}` is the config's name.
+    `LATTICE_WORKDIR` overrides it; a relative path starts at the current directory."""
     time_range: TimeRange
+    """The event dates the pipeline consolidates."""
     domains: list[Domain] = Field(min_length=1)
+    """Ad surfaces (feed, search, ...): one axis of every (domain, objective) cell."""
     objectives: list[Objective] = Field(min_length=1)
+    """What the models predict (click, conversion, ...), one head each: the other axis of the cells."""
     sources: list[Source] = Field(min_length=1)
+    """Raw logs, and how each maps to domains, columns, event times and labels."""
     features: Features
+    """The model inputs: sparse, dense and aggregate features."""
     models: Models = Field(default_factory=Models)
+    """Network sizes of the teacher, the student and the baselines."""
     training: Training = Field(default_factory=Training)
+    """How examples are split and how models train."""
     distillation: Distillation = Field(default_factory=Distillation)
+    """How the student learns from the teacher's scores."""
     fp8: FP8 = Field(default_factory=FP8)
+    """FP8 settings (reserved: no stage reads them yet)."""
     hashing: HashingConfig = Field(default_factory=HashingConfig)
+    """Settings of the `qr` and `learned` hashing schemes (reserved until they ship)."""
     promotion: Promotion = Field(default_factory=Promotion)
+    """The gate a challenger must pass to become the champion."""
     feature_store: FeatureStore = Field(default_factory=FeatureStore)
+    """Feast's offline and online stores."""
     serving: Serving = Field(default_factory=Serving)
+    """The model server's feature cache."""
     registry: Registry = Field(default_factory=Registry)
+    """MLflow tracking server and registered model names."""
     schedules: Schedules = Field(default_factory=Schedules)
+    """When each Airflow DAG runs."""
     synthetic: Synthetic | None = None
+    """Parameters of the built-in log generator (`lattice synth`, `lattice demo`); absent for real
+    data."""
     _source_file: str | None = PrivateAttr(default=None)
 
     @property

@@ -18,6 +18,10 @@ import matplotlib.pyplot as plt  # noqa: E402
 MODEL_ORDER = ["teacher", "student", "mmoe", "shared_bottom", "pooled", "separate", "student_no_teacher"]
 
 
+
+def _v(version) -> str:
+    return "(none)" if version is None else f"v{version}"
+
 def _png(fig) -> str:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
@@ -167,6 +171,8 @@ def render_html(report: dict[str, Any]) -> str:
             parts.append(_table([[r, n] for r, n in reasons.items()], ["quarantine reason", "rows"]))
 
     parts.append("<h2>Per-cell quality (test split)</h2>")
+    if h.get("split"):
+        parts.append(f"<p>Every model was trained, validated and tested on one split: {html.escape(str(h['split']))}.</p>")
     parts.append(_table(metrics_rows(report), ["model", "cell", "NE", "AUC", "calibration", "oracle NE"]))
 
     for title, fn in (("Training curves", plot_training_curves), ("NE per cell", plot_ne_bars),
@@ -180,7 +186,7 @@ def render_html(report: dict[str, Any]) -> str:
         parts.append("<h2>Promotion decision</h2>")
         decision = promo.get("decision", "?")
         parts.append(f"<p>Decision: <b class='{'ok' if decision == 'promote' else 'bad'}'>{html.escape(str(decision))}</b> "
-                     f"(champion v{promo.get('champion_before')} → v{promo.get('champion_after')}, "
+                     f"(champion {_v(promo.get('champion_before'))} → {_v(promo.get('champion_after'))}, "
                      f"challenger v{promo.get('challenger_version')})</p>")
         items = []
         for r in promo.get("reasons", []):

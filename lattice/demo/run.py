@@ -8,6 +8,7 @@ Each stage is called through `lattice.stages`, timed, and its summary kept for t
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import json
 import os
 import platform
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from lattice.data.split import describe as describe_split
 from lattice.config import PlatformConfig
 from lattice.paths import Paths
 
@@ -51,7 +53,9 @@ class DemoRunner:
     """Runs named steps in order, printing a banner per stage; stops at the first failure but
     still writes the report, so a failed demo shows how far it got and why."""
 
-    def __init__(self, config: PlatformConfig, paths: Paths, log: Callable[[str], None] = print):
+    def __init__(self, config: PlatformConfig, paths: Paths, log: Callable[[str], None] | None = None):
+        # flushed: stage lines must reach a log file or a CI console as they happen, not at exit
+        log = log or functools.partial(print, flush=True)
         self.config, self.paths, self.log = config, paths, log
         self.records: list[StageRecord] = []
 
@@ -77,7 +81,7 @@ class DemoRunner:
 
     def header(self) -> dict[str, Any]:
         return {
-            "config": self.config.name, "workdir": str(self.paths.workdir),
+            "config": self.config.name, "workdir": str(self.paths.workdir), "split": describe_split(self.config),
             "finished_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
             "machine": machine_info(),
         }

@@ -66,7 +66,9 @@ def write_report(config: PlatformConfig, out: Path, metrics: dict[str, dict], hi
     fig.savefig(out / "training_curves.png", dpi=110)
     plt.close(fig)
 
-    report = {"models": list(metrics), **comp, "metrics": metrics,
+    from lattice.data.split import describe
+
+    report = {"models": list(metrics), "split": describe(config), **comp, "metrics": metrics,
               "plots": {"ne_by_cell": str(out / "ne_by_cell.png"), "training_curves": str(out / "training_curves.png")}}
     (out / "evaluation.json").write_text(json.dumps(report, indent=1, default=lambda x: None))
     return {"models": list(metrics), "macro": comp["macro"], "report": str(out / "evaluation.json"), "plots": report["plots"]}

@@ -27,8 +27,17 @@ CPU_SHARDING = ("table_wise", "column_wise", "table_column_wise", "data_parallel
 warnings.filterwarnings("ignore", message=r"fbgemm::dense_embedding_codegen_lookup_function: an autograd kernel")
 
 for _name in ("torchrec.distributed.planner", "torchrec.distributed.utils", "torchrec.distributed.planner.types",
-              "torchrec.distributed.planner.storage_reservations", "root"):
+              "torchrec.distributed.planner.storage_reservations"):
     logging.getLogger(_name).setLevel(logging.ERROR)
+
+
+def _quiet_torchrec_root(record: logging.LogRecord) -> bool:
+    """Some torchrec modules log through the root logger itself (`logging.info`); drop those
+    below ERROR without raising the root level, which would silence every other logger."""
+    return record.levelno >= logging.ERROR or "torchrec" not in record.pathname
+
+
+logging.getLogger().addFilter(_quiet_torchrec_root)
 
 
 def init_process_group() -> tuple[int, int, bool]:

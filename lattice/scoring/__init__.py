@@ -1,0 +1,1 @@
+"""Batch scoring of a user's own tables (`lattice predict`)."""
