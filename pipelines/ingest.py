@@ -26,19 +26,35 @@ NULL_KEY = "null_key"
 NULL_LABEL = "null_label"
 BAD_LABEL = "bad_label"
 BAD_VALUE = "bad_value"
+VALUE_OUT_OF_RANGE = "value_out_of_range"
+BAD_ID = "bad_id"
 BAD_SPLIT = "bad_split"
 DUPLICATE = "duplicate_key"
-REASONS = [MALFORMED, BAD_TIMESTAMP, OUT_OF_RANGE, UNKNOWN_DOMAIN, NULL_KEY, NULL_LABEL, BAD_LABEL, BAD_VALUE, BAD_SPLIT, DUPLICATE]
+REASONS = [MALFORMED, BAD_TIMESTAMP, OUT_OF_RANGE, UNKNOWN_DOMAIN, NULL_KEY, NULL_LABEL, BAD_LABEL, BAD_VALUE,
+           VALUE_OUT_OF_RANGE, BAD_ID, BAD_SPLIT, DUPLICATE]
+# text that means "no value" in exported logs: an id, not a null, if hashed
+NULL_LIKE = S.NULL_LIKE
 
 
 def q(name: str) -> str:
     return "`" + name.replace("`", "``") + "`"
 
 
+def null_like_sql(v: str) -> str:
+    """True where the text is empty or a spelling of "no value" ('null', 'NULL', 'None', 'NaN', ...)."""
+    words = ", ".join(_sql_str(w) for w in NULL_LIKE)
+    return f"({v} IS NULL OR trim({v}) = '' OR lower(trim({v})) IN ({words}))"
+
+
+def non_scalar_sql(v: str) -> str:
+    """A JSON array or object where one value belongs (a jsonl field read as text)."""
+    return f"(ltrim({v}) LIKE '[%' OR ltrim({v}) LIKE '{{%')"
+
+
 def stable_id_sql(v: str) -> str:
-    """Spark twin of `lattice.data.schema.stable_id` (empty -> null: a missing value, not an id)."""
+    """Spark twin of `lattice.data.schema.stable_id` (empty or null-like -> null: a missing value, not an id)."""
     return (
-        f"CASE WHEN {v} IS NULL OR {v} = '' THEN NULL "
+        f"CASE WHEN {null_like_sql(v)} THEN NULL "
         f"WHEN {v} RLIKE '^[+-]?[0-9]+$' AND try_cast({v} AS BIGINT) IS NOT NULL THEN try_cast({v} AS BIGINT) "
         f"ELSE CAST(conv(substr(md5({v}), 1, 15), 16, 10) AS BIGINT) END"
     )
@@ -215,14 +231,32 @@ def tag(config: PlatformConfig, raw: RawSource, window: tuple[dt.datetime, dt.da
     for f in config.entity_features:
         if f.column in canonical:
             v = canonical[f.column]
-            checks.append((ex(f"{v} IS NULL OR trim({v}) = ''"), NULL_KEY, F.lit(f.column)))
+            checks.append((ex(null_like_sql(v)), NULL_KEY, _cat(f"{f.column}=", ex(v))))
+            checks.append((ex(non_scalar_sql(v)), NULL_KEY, _cat(f"{f.column} is not one value: ", ex(v))))
     for col in S.sparse_columns(config):
         out_cols.append(ex(stable_id_sql(canonical[col]) if col in canonical else "CAST(NULL AS BIGINT)").alias(col))
+    for f in config.features.sparse:
+        # an exact-id table has one row per id: an id outside it is bad data, not a row to wrap
+        if f.hashing == "none" and f.column in canonical:
+            sid = stable_id_sql(canonical[f.column])
+            checks.append((ex(f"{sid} < 0 OR {sid} >= {f.num_embeddings}"), BAD_ID,
+                           _cat(f"{f.name} (hashing none, ids 0..{f.num_embeddings - 1})=", ex(canonical[f.column]))))
+    ranges = {f.column: f for f in config.features.dense}
     for col in S.dense_columns(config):
         if col in canonical:
             v = canonical[col]
             parsed = f"try_cast({v} AS DOUBLE)"
-            checks.append((ex(f"{v} IS NOT NULL AND trim({v}) != '' AND {parsed} IS NULL"), BAD_VALUE, _cat(f"{col}=", ex(v))))
+            shown = _cat(f"{col}=", ex(v))
+            checks.append((ex(f"{v} IS NOT NULL AND trim({v}) != '' AND {parsed} IS NULL"), BAD_VALUE, shown))
+            checks.append((ex(f"isnan({parsed}) OR abs({parsed}) = double('inf')"), BAD_VALUE, shown))
+            feat = ranges[col]
+            if feat.transform == "log1p":
+                checks.append((ex(f"{parsed} <= -1"), VALUE_OUT_OF_RANGE, _cat(f"{col} (log1p needs > -1)=", ex(v))))
+            lo, hi = feat.valid_range or (None, None)
+            if lo is not None or hi is not None:
+                cond = " OR ".join(x for x in (f"{parsed} < {lo!r}" if lo is not None else "",
+                                               f"{parsed} > {hi!r}" if hi is not None else "") if x)
+                checks.append((ex(cond), VALUE_OUT_OF_RANGE, _cat(f"{col} (valid {[lo, hi]})=", ex(v))))
             out_cols += [ex(f"coalesce({parsed}, 0.0)").alias(col),
                          ex(f"CAST(CASE WHEN {parsed} IS NULL THEN 0 ELSE 1 END AS TINYINT)").alias(S.present_column(col))]
         else:
@@ -246,6 +280,12 @@ def tag(config: PlatformConfig, raw: RawSource, window: tuple[dt.datetime, dt.da
         truth = source.truth.get(obj.name)
         out_cols.append((ex(f"try_cast({q(truth)} AS DOUBLE)") if truth else F.lit(None).cast("double")).alias(S.truth_column(obj.name)))
 
+    for obj in config.objectives:
+        # a conversion declared to follow a click cannot happen without one
+        if obj.given and obj.name in source.labels and obj.given in source.labels:
+            this, given = ex(label_sql(source.labels[obj.name])), ex(label_sql(source.labels[obj.given]))
+            checks.append((F.col("__domain").isin(obj.domains) & (this == 1) & (given == 0), BAD_LABEL,
+                           F.lit(f"{obj.name}=1 with {obj.given}=0, but {obj.name} is declared to follow {obj.given}")))
     reason = F.lit(None).cast("string")
     detail = F.lit(None).cast("string")
     for cond, code, why in reversed(checks):  # first check wins

@@ -240,6 +240,10 @@ class DenseFeature(Strict):
     mean and std, so `standardize` is the same as `none`."""
     clip: tuple[float, float] | None = None
     """[low, high] bounds for `transform: clip`; without them `clip` leaves values as they are."""
+    valid_range: tuple[float | None, float | None] | None = None
+    """[low, high] of plausible raw values (either may be null: unbounded), e.g. `[0, null]` for a
+    price. A value outside is quarantined as `value_out_of_range`, never trained on. NaN and ±inf
+    are always quarantined (`bad_value`), and so are values `log1p` cannot take (<= -1)."""
 
 
 class AggregateFeature(Strict):
@@ -481,9 +485,9 @@ class Promotion(Strict):
     calibration: tuple[float, float] = (0.8, 1.25)
     """Bounds on each cell's calibration (sum of predictions / sum of labels)."""
     calibration_confidence: float = Field(default=0.95, ge=0, lt=1)
-    """A cell fails the calibration bounds only when this two-sided confidence interval of its
-    calibration lies wholly outside them: small cells (a few hundred positives) are noisy by
-    ±2/sqrt(positives). 0 checks the point estimate alone."""
+    """A cell fails the calibration bounds (or the first model's AUC floor) only when this
+    two-sided confidence interval of its calibration (or AUC) lies wholly outside them: small
+    cells (a few hundred positives) are noisy by ±2/sqrt(positives). 0 checks the point estimate alone."""
     teacher_epsilon: float = Field(default=0.03, ge=0)
     """ε: the student's macro NE may exceed its teacher's by at most this (relative)."""
     max_latency_ms: float = Field(default=10.0, gt=0)

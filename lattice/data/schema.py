@@ -79,6 +79,14 @@ def consolidated_columns(config: PlatformConfig) -> list[str]:
     )
 
 
+# text that means "no value" in exported logs (lower-cased); read as a missing value, never an id
+NULL_LIKE = ("null", "none", "nan", "n/a", "nil", "\\n")
+
+
+def is_null_like(value: str) -> bool:
+    return value.strip().lower() in NULL_LIKE or not value.strip()
+
+
 def stable_id(value: str) -> int:
     """Sparse raw value -> int64 id: integers stay as they are, anything else (hex hashes,
     names) becomes the first 15 hex digits of its MD5. Spark computes the same with

@@ -14,6 +14,7 @@ from lattice.config import PlatformConfig
 from lattice.data import schema as S
 
 Z_CLIP = 10.0  # z-scores beyond this are outliers that would only destabilise training
+TAIL = 0.001  # each column is clipped to its train quantiles [TAIL, 1 - TAIL] before the z-score
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,8 @@ class DenseStats:
     std: list[float]
     label_rates: dict[str, float] | None = None  # objective -> train positive rate where labelled
     distinct_ids: dict[str, int] | None = None  # sparse feature -> distinct ids in the train split
+    low: list[float] | None = None  # per column: the train split's 0.1% quantile (after the transform)
+    high: list[float] | None = None  # ... and its 99.9% quantile; values are clipped to [low, high]
 
     def apply(self, raw: dict[str, np.ndarray], n: int) -> np.ndarray:
         """raw column arrays -> (n, n_dense) float32. One vectorised pass over all columns (this
@@ -86,6 +89,8 @@ class DenseStats:
         for k, j in enumerate(have):
             x[:, k] = raw[self.columns[j].column]
         x = _pre_matrix([self.columns[j] for j in have], x)
+        if self.low is not None and self.high is not None:
+            x = np.clip(x, np.asarray([self.low[j] for j in have]), np.asarray([self.high[j] for j in have]))
         mean = np.asarray([self.mean[j] for j in have])
         std = np.asarray([self.std[j] for j in have])
         out[:, have] = np.clip((x - mean) / std, -Z_CLIP, Z_CLIP)
@@ -93,12 +98,13 @@ class DenseStats:
 
     def to_json(self) -> dict:
         return {"columns": [asdict(c) for c in self.columns], "mean": self.mean, "std": self.std, "label_rates": self.label_rates,
-                "distinct_ids": self.distinct_ids}
+                "distinct_ids": self.distinct_ids, "low": self.low, "high": self.high}
 
     @classmethod
     def from_json(cls, d: dict) -> "DenseStats":
         cols = [DenseColumn(c["column"], c["transform"], tuple(c["clip"]) if c.get("clip") else None) for c in d["columns"]]
-        return cls(cols, list(d["mean"]), list(d["std"]), d.get("label_rates"), d.get("distinct_ids"))
+        # stats saved before the bounds existed carry none: no clip, as those models were trained
+        return cls(cols, list(d["mean"]), list(d["std"]), d.get("label_rates"), d.get("distinct_ids"), d.get("low"), d.get("high"))
 
     def save(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -110,25 +116,43 @@ class DenseStats:
 
 
 class StatsAccumulator:
-    """Streaming mean/std (sums in float64) so fitting never holds the table in memory."""
+    """Robust dense statistics without holding the table: a uniform reservoir sample of train rows
+    (seeded, `cap` rows) gives each column's 0.1% / 99.9% quantiles after its transform, and the
+    mean and std of the values clipped to them. One absurd value (a 1e308 price, a counter that
+    wrapped) then moves neither the mean nor the scale, where plain sums would turn every row's
+    input into a constant."""
 
-    def __init__(self, columns: list[DenseColumn]):
+    def __init__(self, columns: list[DenseColumn], cap: int = 200_000, seed: int = 0):
         self.columns = columns
+        self.cap = cap
         self.n = 0
-        self.s = np.zeros(len(columns))
-        self.ss = np.zeros(len(columns))
+        self.sample = np.zeros((0, len(columns)))
+        self.rng = np.random.default_rng(seed)
 
     def add(self, raw: dict[str, np.ndarray], n: int) -> None:
-        self.n += n
+        if n == 0:
+            return
+        x = np.zeros((n, len(self.columns)))  # a column a unit lacks counts as 0, as `apply` sees it
         for j, col in enumerate(self.columns):
             if col.column in raw:
-                x = _pre(col, raw[col.column])
-                self.s[j] += x.sum()
-                self.ss[j] += (x * x).sum()
+                x[:, j] = _pre(col, raw[col.column])
+        room = max(self.cap - len(self.sample), 0)
+        if room:
+            self.sample = np.concatenate([self.sample, x[:room]])
+        rest = x[room:]
+        if len(rest):  # reservoir sampling (Algorithm R), vectorised over the unit
+            seen = self.n + room + np.arange(len(rest))
+            slot = (self.rng.random(len(rest)) * (seen + 1)).astype(np.int64)
+            take = slot < self.cap
+            self.sample[slot[take]] = rest[take]
+        self.n += n
 
     def finish(self) -> DenseStats:
-        n = max(self.n, 1)
-        mean = self.s / n
-        var = np.maximum(self.ss / n - mean * mean, 0.0)
-        std = np.where(var > 1e-12, np.sqrt(var), 1.0)  # a constant column stays constant (z = 0)
-        return DenseStats(self.columns, mean.tolist(), std.tolist())
+        k = len(self.columns)
+        if not len(self.sample):
+            return DenseStats(self.columns, [0.0] * k, [1.0] * k)
+        low, high = np.quantile(self.sample, [TAIL, 1 - TAIL], axis=0)
+        x = np.clip(self.sample, low, high)
+        mean, std = x.mean(axis=0), x.std(axis=0)
+        std = np.where(std > 1e-6, std, 1.0)  # a constant column stays constant (z = 0)
+        return DenseStats(self.columns, mean.tolist(), std.tolist(), low=low.tolist(), high=high.tolist())

@@ -11,7 +11,9 @@ Rules (thresholds from `config.promotion`):
   - the student's macro NE <= its teacher's * (1 + ε);
   - the exported artifact predicts like the training model (max |Δp| within tolerance),
     its single-request p99 latency and its size are within budget;
-  - with no champion yet (the first model): every cell's NE <= floors.max_ne and AUC >= floors.min_auc.
+  - with no champion yet (the first model): every cell's NE <= floors.max_ne and AUC >= floors.min_auc
+    (the AUC judged by its confidence interval, like calibration: a cell with ten positives cannot
+    show that a model ranks worse than the floor).
 """
 
 from __future__ import annotations
@@ -35,6 +37,18 @@ class CellMetrics:
     """Sum of the predicted probabilities over the cell's labelled rows."""
     variance: float = 0.0
     """Sum of p(1 - p): the variance of the positive count if the predictions were calibrated."""
+
+    def auc_interval(self, z: float) -> tuple[float, float]:
+        """(low, high) of the AUC at z standard errors (Hanley & McNeil 1982): a cell with ten
+        positives cannot tell an AUC of 0.4 from one of 0.6."""
+        pos, neg = self.positives, self.count - self.positives
+        a = self.auc
+        if pos <= 0 or neg <= 0 or a != a or z <= 0:
+            return a, a
+        q1, q2 = a / (2 - a), 2 * a * a / (1 + a)
+        var = (a * (1 - a) + (pos - 1) * (q1 - a * a) + (neg - 1) * (q2 - a * a)) / (pos * neg)
+        half = z * math.sqrt(max(var, 0.0))
+        return max(a - half, 0.0), min(a + half, 1.0)
 
     def calibration_interval(self, z: float) -> tuple[float, float]:
         """(low, high) of sum p / sum y when the positive count may be off by z standard
@@ -121,8 +135,13 @@ def _cell_checks(p: Promotion, inputs: GateInputs) -> list[Reason]:
         else:
             ok = m.ne <= p.floors.max_ne
             out.append(Reason("ne_floor", ok, f"{name}: NE {m.ne:.4f} (floor: at most {p.floors.max_ne:g})", name, m.ne, p.floors.max_ne))
-            ok = m.auc >= p.floors.min_auc
-            out.append(Reason("auc_floor", ok, f"{name}: AUC {m.auc:.4f} (floor: at least {p.floors.min_auc:g})", name, m.auc, p.floors.min_auc))
+            a_lo, a_hi = m.auc_interval(z)
+            ok = a_hi >= p.floors.min_auc  # fails only when the data show it ranks worse than the floor
+            shown = f"{name}: AUC {m.auc:.4f} (floor: at least {p.floors.min_auc:g}"
+            if m.auc < p.floors.min_auc:
+                shown += (f"; {100 * p.calibration_confidence:g}% interval [{a_lo:.3f}, {a_hi:.3f}] over {m.positives} positives"
+                          + (": within noise" if ok else ": below the floor"))
+            out.append(Reason("auc_floor", ok, shown + ")", name, m.auc, p.floors.min_auc))
         c_lo, c_hi = m.calibration_interval(z)
         ok = c_hi >= lo and c_lo <= hi  # fails only when the data show it is outside the bounds
         inside = lo <= m.calibration <= hi

@@ -40,7 +40,7 @@ def _ids(values: list) -> tuple[np.ndarray, np.ndarray]:
     for i, v in enumerate(values):
         if type(v) is int:
             ids[i] = v
-        elif v is None:
+        elif v is None or (type(v) is str and S.is_null_like(v)):  # as the feature stage reads it
             present[i] = False
         else:
             ids[i] = S.stable_id(str(v))

@@ -30,6 +30,9 @@ def trained(tmp_path_factory):
     cfg = tiny(load_config(ROOT / "configs" / "demo.yaml"), data_root=str(base / "raw"))
     # a 30% test split keeps the rarest cell (feed conversions) above ~50 positives
     cfg = cfg.model_copy(update={"training": cfg.training.model_copy(update={"test_fraction": 0.3})})
+    # the feed log's raw user id and time travel as pass-through columns, to the predictions too
+    sources = [s.model_copy(update={"passthrough": ["uid", "ts"]}) if s.name == "feed_log" else s for s in cfg.sources]
+    cfg = cfg.model_copy(update={"sources": sources})
     generate(cfg, 60_000, base / "raw", progress=False)
     paths = Paths.for_config(cfg, base / "work")
     write_local_table(cfg, paths)
@@ -74,3 +77,15 @@ def test_evaluate_writes_report_and_plots(trained) -> None:
     assert report["ne_by_cell"]["feed/click"]["oracle"] < 1
     assert Path(out["plots"]["ne_by_cell"]).stat().st_size > 1000
     assert Path(out["plots"]["training_curves"]).stat().st_size > 1000
+
+
+def test_pass_through_columns_reach_the_predictions(trained) -> None:
+    cfg, paths, _ = trained
+    pred = pd.read_parquet(paths.model_dir("teacher") / "predictions.parquet")
+    assert {"uid", "ts", "split"} <= set(pred.columns) and set(pred.split) == {"test"}
+    table = pd.read_parquet(find_table(paths), columns=["example_id", "uid", "user_id"]).set_index("example_id")
+    feed = pred[pred.domain == "feed"]
+    assert len(feed) and feed.uid.notna().all() and pred[pred.domain != "feed"].uid.isna().all()
+    # joins back: the raw uid of each predicted row is the one its example holds
+    assert (table.loc[feed.example_id, "uid"].to_numpy() == feed.uid.to_numpy()).all()
+    assert (table.loc[feed.example_id, "user_id"].astype(str).to_numpy() == feed.uid.to_numpy()).all()

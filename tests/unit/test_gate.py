@@ -63,7 +63,9 @@ def test_calibration_out_of_bounds_rejects(config, cal):
 
 def test_first_model_uses_floors(config):
     assert decide(config.promotion, _inputs(config, _cells(config, ne=0.9, auc=0.7), None)).passed
-    d = decide(config.promotion, _inputs(config, _cells(config, ne=1.01, auc=0.5), None))
+    # 5,000 positives a cell: an AUC of 0.5 is surely below the 0.55 floor (its interval is ±0.01)
+    big = {c: CellMetrics(ne=1.01, auc=0.5, calibration=1.0, count=100_000, positives=5_000) for c in config.cells()}
+    d = decide(config.promotion, _inputs(config, big, None))
     assert {r.check for r in d.failed} == {"ne_floor", "auc_floor"}
     assert len(d.failed_cells) == len(config.cells())
 
@@ -137,3 +139,15 @@ def test_calibration_confidence_zero_checks_the_point_estimate(config):
     challenger = _cells(config)
     challenger[("search", "conversion")] = _cal_cell(150, 1.257)
     assert decide(strict, _inputs(config, challenger, _cells(config))).failed_cells == ["search/conversion"]
+
+
+def test_auc_floor_is_judged_by_its_interval(config):
+    """A first model's AUC of 0.39 over 8 positives is noise around the 0.55 floor; over 2,000
+    positives it is a model that ranks badly."""
+    small = _cells(config)
+    small[("search", "conversion")] = CellMetrics(ne=0.9, auc=0.39, calibration=1.0, count=800, positives=8)
+    assert decide(config.promotion, _inputs(config, small, None)).passed
+    large = _cells(config)
+    large[("search", "conversion")] = CellMetrics(ne=0.9, auc=0.39, calibration=1.0, count=200_000, positives=2_000)
+    d = decide(config.promotion, _inputs(config, large, None))
+    assert d.failed_cells == ["search/conversion"] and "below the floor" in d.failed[0].message

@@ -139,3 +139,52 @@ def test_train_cli_without_data_names_the_command_that_makes_it(tmp_path, capsys
     rc = main(["train", str(ROOT / "configs" / "demo.yaml"), "--model", "teacher", "--workdir", str(tmp_path)])
     assert rc == 1
     assert "lattice features CONFIG" in capsys.readouterr().err
+
+
+def test_every_reader_follows_the_stored_split_column(table, tmp_path) -> None:
+    """The split is decided once (the `split` column); the loader, the dense stats and the gate's
+    window read it, whatever the hash of the id would say."""
+    import pyarrow.dataset as ds
+
+    from lattice.data.local_consolidate import write_parquet
+    from lattice.export.window import load_window
+
+    cfg, _, root, _ = table
+    frame = ds.dataset(str(root), format="parquet", partitioning="hive").to_table().to_pandas()
+    frame["domain"] = frame["domain"].astype(str)
+    assert set(frame.split) == {"train", "validation", "test"}  # the pandas twin writes it too
+    # a time split written by hand: the newest fifth is test, the one before validation
+    order = frame.event_timestamp.rank(method="first") / len(frame)
+    frame["split"] = np.where(order > 0.8, "test", np.where(order > 0.6, "validation", "train"))
+    paths = Paths.for_config(cfg, tmp_path / "work")
+    write_parquet(frame, paths.consolidated / "part-0.parquet")
+    stats = fit_dense_stats(cfg, paths.consolidated)
+    want = {s: set(frame.example_id[frame.split == s]) for s in ("train", "validation", "test")}
+    for s in want:
+        assert set(_ids(BatchLoader(cfg, paths.consolidated, stats, s, shuffle=False))) == want[s], s
+    assert set(load_window(cfg, paths, "test", max_rows=None).example_id) == want["test"]
+    # the stats see the train rows only: the hand-made train split has other rows than the hash's
+    assert stats.to_json() != fit_dense_stats(cfg, root).to_json()
+
+
+def test_one_absurd_value_moves_neither_the_mean_nor_the_scale() -> None:
+    """A single 1e308 among normal prices: plain sums would make the mean infinite and every
+    row's input constant; the robust stats clip it to the train tail and keep the rest intact."""
+    from lattice.data.transforms import DenseColumn, StatsAccumulator
+
+    rng = np.random.default_rng(0)
+    clean = rng.lognormal(1.0, 0.5, size=50_000)
+    dirty = clean.copy()
+    dirty[123] = 1e308
+    cols = [DenseColumn("price", "none")]
+    stats = {}
+    for name, x in (("clean", clean), ("dirty", dirty)):
+        acc = StatsAccumulator(cols, cap=20_000)
+        for part in np.array_split(x, 7):  # several units: the reservoir path runs too
+            acc.add({"price": part}, len(part))
+        stats[name] = acc.finish()
+    assert np.isfinite(stats["dirty"].mean[0]) and np.isfinite(stats["dirty"].std[0])
+    assert stats["dirty"].mean[0] == pytest.approx(stats["clean"].mean[0], rel=0.02)
+    assert stats["dirty"].std[0] == pytest.approx(stats["clean"].std[0], rel=0.05)
+    z = stats["dirty"].apply({"price": np.array([1e308, clean[0], np.nan])}, 3)[:, 0]
+    assert np.isfinite(z).all() and z[0] < 10 and abs(z[1]) < 5
