@@ -5,6 +5,11 @@ This file only wires: what each DAG runs and which parameters it takes come from
 `lattice.orchestration.spec`, and every task calls a stage through `lattice.stages` in
 `lattice.orchestration.task_runner`. Heavy libraries (torch, Spark, Feast) are imported inside
 tasks only, so this file parses in well under a second.
+
+An invalid config is skipped here (this file never fails, so the other configs' DAGs stay up) and
+reported by `dags/lattice_config_errors.py` as an Airflow import error. A deterministic error
+(invalid params or config, data failing validation, a rejected promotion) fails its task without
+retries; anything else is retried with back-off.
 """
 
 from __future__ import annotations
@@ -15,8 +20,8 @@ import os
 
 from airflow.sdk import Asset, Param, dag, get_current_context, task
 
-from lattice.config import ConfigError, PlatformConfig, load_config
-from lattice.orchestration.locations import config_files
+from lattice.config import PlatformConfig
+from lattice.orchestration.config_errors import load_configs
 from lattice.orchestration.spec import DagSpec, TaskSpec, dag_specs
 
 log = logging.getLogger(__name__)
@@ -43,9 +48,19 @@ def assets_for(config: PlatformConfig) -> dict[str, Asset]:
 def _task(config_file: str, spec: DagSpec, t: TaskSpec, outlets: list[Asset]):
     @task(task_id=t.task_id, outlets=outlets, doc_md=t.doc)
     def run_stage() -> dict:
-        from lattice.orchestration.task_runner import run_task
+        from airflow.sdk.exceptions import AirflowFailException
 
-        return run_task(config_file, t, dict(get_current_context()["params"]), spec.params)
+        from lattice.orchestration.task_runner import DeterministicError, GateRejected, run_task
+
+        context = get_current_context()
+        try:
+            return run_task(config_file, t, dict(context["params"]), spec.params)
+        except GateRejected as exc:
+            # the decision stays readable (UI XCom tab, REST) although the task fails
+            context["ti"].xcom_push(key="decision", value=exc.result)
+            raise AirflowFailException(str(exc)) from exc
+        except DeterministicError as exc:
+            raise AirflowFailException(str(exc)) from exc  # failed now: a retry would fail the same way
 
     return run_stage()
 
@@ -76,31 +91,14 @@ def build(config_file: str, config: PlatformConfig, spec: DagSpec, assets: dict[
     return family()
 
 
-def invalid_config_dag(stem: str, problems: str):
-    @dag(dag_id=f"{stem}__invalid_config", description=f"INVALID CONFIG {stem}: fix the file to get its DAGs",
-         doc_md=f"### configs/{stem}: invalid platform config\n\n```\n{problems}\n```", schedule=None,
-         start_date=START, catchup=False, tags=["lattice", "invalid-config"])
-    def broken():
-        @task(task_id="report_config_problems", retries=0)
-        def report():
-            raise ValueError(f"platform config {stem} is invalid; fix it and its DAGs appear:\n{problems}")
-
-        report()
-
-    return broken()
-
-
 def build_all() -> dict[str, object]:
     dags: dict[str, object] = {}
-    for path in config_files():
-        try:
-            config = load_config(str(path))
-        except ConfigError as exc:
-            # One broken config must not hide the others' DAGs: it gets a DAG that shows the problems.
-            log.error("invalid platform config %s\n%s", path, exc)
-            broken = invalid_config_dag(path.stem, str(exc))
-            dags[broken.dag_id] = broken
-            continue
+    loaded = load_configs()
+    for exc in loaded.errors:
+        # reported as an import error by dags/lattice_config_errors.py, not here: Airflow marks
+        # every DAG of a file with an import error stale, and this file holds every config's DAGs
+        log.error("invalid platform config %s (its DAGs are not loaded)\n%s", exc.file, exc)
+    for path, config in loaded.configs:
         assets = assets_for(config)
         for spec in dag_specs(config):
             dags[spec.dag_id] = build(str(path), config, spec, assets)

@@ -214,6 +214,12 @@ def ingest_and_consolidate(config: PlatformConfig, paths: Paths, start: str | No
                      run_domains, str(paths.quarantine / f"run_id={run_id}"))
     for line in losses:
         log.warning("consolidate: %s", line)
+    # the raw suites are not fatal (their rows are quarantined one by one), but what they found is
+    # said where the user looks: one line per failed expectation with its count
+    raw_findings = [f"raw suite {r.suite}: {f['expectation']}{' on ' + f['column'] if f.get('column') else ''}: {f['why']}"
+                    for r in results[:-2] if not r.success for f in r.failures]
+    for line in raw_findings:
+        log.warning("consolidate: %s (those rows are quarantined with their reasons)", line)
 
     # ---- quarantine (always written: it is what a failed run is debugged from)
     t = time.perf_counter()
@@ -231,7 +237,7 @@ def ingest_and_consolidate(config: PlatformConfig, paths: Paths, start: str | No
         "domains": run_domains, "sources": source_info,
         "split": {"kind": config.training.split.kind, "rule": describe_split(config),
                   "rows": {d: dict(v) for d, v in sorted(split_rows.items())}},
-        "quarantine_reasons": dict(sorted(reasons.items())), "losses": losses,
+        "quarantine_reasons": dict(sorted(reasons.items())), "losses": losses, "raw_suite_findings": raw_findings,
         "quarantine_by_source": {k: dict(v) for k, v in reasons_by_source.items()},
         "validation": {r.suite: {"success": r.success, "expectations": r.evaluated, "rows_checked": r.rows,
                                  "unexpected": r.unexpected, "failures": r.failures} for r in results},

@@ -58,6 +58,14 @@ def _features(args: argparse.Namespace) -> int:
         print(f"features: {exc}", file=sys.stderr)
         return 1
     print_reconciliation(summary["reconciliation"], summary["quarantine_reasons"])
+    identical = {k: v for k, v in summary.get("identical_rows", {}).items() if v}
+    if identical:
+        print("identical raw rows kept as distinct events (declare a source 'key' to deduplicate): "
+              + ", ".join(f"{k} {v:,}" for k, v in identical.items()))
+    for line in summary.get("losses", []) + summary.get("raw_suite_findings", []):
+        print(f"note: {line}")
+    if summary.get("split"):
+        print(f"split: {summary['split'].get('rule')}")
     print(f"\ntraining set: {summary['paths']['training_set']} ({summary['counts']['training_set']:,} rows)")
     print(f"feature service: {summary['feature_service']}   Data Docs: {summary['paths']['data_docs']}")
     print(f"summary: {summary_path(paths)}   ({time.perf_counter() - started:.1f}s)")

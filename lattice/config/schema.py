@@ -550,6 +550,22 @@ class Serving(Strict):
     and reloads it in the background when a materialization commits, so a lookup never waits on
     SQLite and no value is older than the last materialization. Larger stores, other online
     stores and 0 here read entities on demand through the cache above."""
+    max_body_bytes: int = Field(default=1_048_576, ge=1024)
+    """Largest `POST /predict` body the server reads, in bytes (default 1 MiB, about 5,000
+    requests). A larger one is answered 413 before it is read (from its Content-Length, or as soon
+    as the stream passes the limit), so an oversized upload costs the server almost nothing."""
+    max_batch: int = Field(default=1024, ge=1)
+    """Most requests in one `{"requests": [...]}` batch; a larger batch is answered 413 naming the
+    limit, before any request in it is validated or scored. Split bigger workloads, or score them
+    offline with `lattice predict`."""
+    auth_token_env: str | None = None
+    """Name of an environment variable holding the token that `POST /predict` and `GET /metadata`
+    require, sent as `Authorization: Bearer <token>` or `X-API-Key: <token>` (401 otherwise).
+    `GET /healthz` stays open for load balancers. The server does not start when the variable is
+    unset or empty. Unset here: no authentication. Never put the token itself in the config."""
+    access_log: bool = True
+    """One log line per request on the `lattice.serving.access` logger at INFO: method, path,
+    status, duration (ms), batch size and client address; never bodies or credentials."""
 
 
 class Registry(Strict):
@@ -618,6 +634,10 @@ class Synthetic(Strict):
     """Seed of the generator: the same seed and row count give the same logs."""
     chunk_rows: int = Field(default=200_000, ge=1000)
     """Rows per written part file; the generator's memory stays flat in the total row count."""
+    rows: int = Field(default=200_000, ge=100)
+    """Impressions to generate when a run does not say: the `synth` task of scheduled and
+    asset-triggered features DAG runs, and the default of the form's "Synthetic rows"; the logs
+    are regenerated only when they hold a different count. `lattice demo --rows` overrides it."""
 
 
 # ---------------------------------------------------------------- the platform config

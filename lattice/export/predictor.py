@@ -4,10 +4,16 @@ The folder is self-contained: `model.pt` (TorchScript: dense, KJT, domain -> pro
 `config.json` (the training config, which fixes feature order and domain ids) and
 `metadata.json` (dense stats, provenance). Rows are encoded by the same code training used
 (`lattice.data.loader.batch_from_frame`), so a served row scores exactly like an offline one.
+
+Loaded for a registry version, the files are read once, hashed, checked against the checksum
+recorded at registration, and only then deserialised from those same bytes: a changed file is
+refused (ArtifactIntegrityError), and `checksum` is that of exactly what was loaded.
 """
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +26,8 @@ import torch
 
 from lattice.config import PlatformConfig
 from lattice.data.transforms import DenseStats
+from lattice.registry.checksum import MANIFEST_FILE, ArtifactIntegrityError, compare, read_manifest, sha256_files
+from lattice.registry.client import MANIFEST_TAG
 
 
 @dataclass
@@ -33,20 +41,36 @@ class Predictor:
     path: Path | None = None
     objectives: list[str] = field(default_factory=list)
     _encoder: Any = None
+    checksum: str = ""
+    """sha256 of the artifact folder as loaded (`sha256_path` of the bytes read): what /metadata reports."""
 
     @classmethod
     def load(cls, folder: str | Path, version: Any = None) -> "Predictor":
+        """Load `folder` (a registered model folder with `export/`, or an export folder). With a
+        registry `version`, refuse (ArtifactIntegrityError) unless the files are the registered bytes."""
         folder = Path(folder)
         art = folder / "export" if (folder / "export" / "model.pt").exists() else folder
-        meta = json.loads((art / "metadata.json").read_text())
+        files = {f.relative_to(art).as_posix(): f.read_bytes() for f in sorted(art.rglob("*")) if f.is_file()}
+        checksum = sha256_files(files)
+        if version is not None:
+            _verify_loaded(folder, art, files, checksum, version)
+
+        def read(name: str) -> bytes:
+            if name not in files:
+                raise FileNotFoundError(f"{art / name} not found: {art} is not an exported artifact")
+            return files[name]
+
+        meta = json.loads(read("metadata.json"))
         if meta.get("int8_embeddings"):
             import fbgemm_gpu  # noqa: F401  (registers the INT8 embedding-bag ops the artifact calls)
         import torchrec  # noqa: F401  (KeyedJaggedTensor and its scripted methods)
 
-        module = torch.jit.load(str(art / "model.pt"), map_location="cpu")
+        module = torch.jit.load(io.BytesIO(read("model.pt")), map_location="cpu")  # the bytes that were checked
         module.eval()
-        config = PlatformConfig.model_validate(json.loads((art / "config.json").read_text()))
-        p = cls(module, config, DenseStats.from_json(meta["dense_stats"]), meta, version, art, list(config.objective_names))
+        config = PlatformConfig.model_validate(json.loads(read("config.json")))
+        del files
+        p = cls(module, config, DenseStats.from_json(meta["dense_stats"]), meta, version, art, list(config.objective_names),
+                checksum=checksum)
         p.warm_up()
         return p
 
@@ -90,3 +114,29 @@ class Predictor:
         row = {"example_id": ["warmup"], "domain": [self.config.domain_names[0]]}
         row.update({c: pd.array([1], dtype="Int64") for c in names})
         self.predict_frame(pd.DataFrame(row))
+
+
+def _verify_loaded(folder: Path, art: Path, files: dict[str, bytes], checksum: str, version: Any) -> None:
+    """The loaded bytes against the version's registered checksum (`lattice.checksum`, taken over
+    this same folder). On a mismatch the files are named from the manifest beside `folder` (a
+    download-cache entry keeps it there), checked against the digest the registry recorded."""
+    tags = dict(getattr(version, "tags", None) or {})
+    what = f"{getattr(version, 'name', 'model')} v{getattr(version, 'version', '?')} at {art}"
+    expected = tags.get("lattice.checksum")
+    if not expected:
+        raise ArtifactIntegrityError(what, ["no checksum was recorded at registration; register the model again"])
+    if checksum == expected:
+        return
+    problems = [f"checksum {checksum[:16]}… of the files read differs from the registered {expected[:16]}…"]
+    digest = tags.get(MANIFEST_TAG)
+    if digest and (folder.parent / MANIFEST_FILE).is_file():
+        try:
+            registered = read_manifest(folder.parent / MANIFEST_FILE, digest)
+        except ArtifactIntegrityError as exc:
+            problems += exc.problems
+        else:
+            prefix = "" if art == folder else art.relative_to(folder).as_posix() + "/"
+            sub = {k[len(prefix):]: h for k, h in registered.items() if k.startswith(prefix)}
+            named = compare(sub, {n: hashlib.sha256(b).hexdigest() for n, b in files.items()})
+            problems = [prefix + p for p in named] or problems
+    raise ArtifactIntegrityError(what, problems)

@@ -45,7 +45,16 @@ class TaskSpec:
     outlet: AssetKind | None = None
     """The asset this task updates when it succeeds (triggers asset-scheduled DAGs)."""
     narrow: bool = False
-    """Apply the run's `domains` / `objectives` params by narrowing the config (model stages)."""
+    """Apply the run's `domains` / `objectives` params by narrowing the config and, for a domain
+    subset, the training table the stage reads (model stages)."""
+    gate: str | None = None
+    """Summary key that must be true for the task to succeed (the promotion gate's `passed`): when
+    it is false the task fails without retries, its message listing the failed checks, so the run
+    is red in the grid and no downstream task acts as if the gate had passed."""
+    replaces_model: str | None = None
+    """The model folder this task rewrites (`paths.model_dir(name)`): the stage writes it in a
+    scratch folder that replaces the old one only when the stage succeeds, so a failed run leaves
+    the previous model whole instead of a mix of new metadata beside the old weights."""
 
 
 @dataclass(frozen=True)
@@ -120,9 +129,11 @@ def _features_params(config: PlatformConfig) -> list[ParamSpec]:
                   {"type": ["null", "string"]}),
     ]
     if config.synthetic is not None:
-        params.append(_int("synthetic_rows", 200_000, "Synthetic rows",
-                           "Rows of synthetic raw logs (configs with a 'synthetic' section); "
-                           "the logs are regenerated only when they hold a different count.",
+        # the default is the config's: scheduled and asset-triggered runs use the defaults, so a
+        # value that lived only in the form would regenerate the logs at every scheduled run
+        params.append(_int("synthetic_rows", config.synthetic.rows, "Synthetic rows",
+                           "Rows of synthetic raw logs (configs with a 'synthetic' section; default: its "
+                           "'rows'); the logs are regenerated only when they hold a different count.",
                            100, 1_000_000_000))
     return params
 
@@ -173,7 +184,8 @@ def dag_specs(config: PlatformConfig) -> list[DagSpec]:
             [_domains(config), _objectives(config), *_training(config, "teacher")],
             [
                 _model_task("train_teacher", "train", "Sharded teacher training under torchrun on the training set.",
-                         forward={"epochs": "epochs", "nproc": "nproc"}, fixed={"model": "teacher"}),
+                         forward={"epochs": "epochs", "nproc": "nproc"}, fixed={"model": "teacher"},
+                         replaces_model="teacher"),
                 _model_task("evaluate_teacher", "evaluate", "NE, AUC and calibration per (domain, objective) cell.",
                          fixed={"model": "teacher"}),
                 _model_task("register_teacher", "register", "Version the teacher in the model registry.",
@@ -186,7 +198,8 @@ def dag_specs(config: PlatformConfig) -> list[DagSpec]:
             [
                 _model_task("distill_student", "distill",
                          "Teacher soft labels, student training on labels + soft labels, evaluation and cost report.",
-                         forward={"epochs": "epochs", "nproc": "nproc"}, fixed={"export": False, "register": False}),
+                         forward={"epochs": "epochs", "nproc": "nproc"}, fixed={"export": False, "register": False},
+                         replaces_model="student"),
                 _model_task("export_student", "export",
                             "Export the student for serving (TorchScript) and measure latency and size.",
                          fixed={"model": "student"}),
@@ -203,8 +216,10 @@ def dag_specs(config: PlatformConfig) -> list[DagSpec]:
             ],
             [
                 TaskSpec("gate_and_promote", "promote",
-                         "Compare the challenger with the champion cell by cell; promote it or report why not.",
-                         forward={"dry_run": "dry_run"}, switch=("rollback", "rollback")),
+                         "Compare the challenger with the champion cell by cell and promote it; a rejected "
+                         "challenger fails this task (no retries) with every failed check in its message, and "
+                         "the decision stays in its `decision` XCom.",
+                         forward={"dry_run": "dry_run"}, switch=("rollback", "rollback"), gate="passed"),
             ],
         ),
     }

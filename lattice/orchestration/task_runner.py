@@ -3,6 +3,11 @@ pick the stage keywords, call it through `lattice.stages`, log its counts, retur
 
 Stages write only where `Paths` says and replace their outputs, so a retried or re-run task
 redoes its work instead of appending to it (idempotent).
+
+Errors come in two kinds. `DeterministicError` (bad params, an invalid config, a subset the config
+cannot take, data that fails validation, a source that cannot be read as declared, a rejected
+promotion) fails the same way on every try: the DAG file turns it into a failure without retries.
+Any other `TaskError` (a crashed trainer, a busy service) is retried with back-off.
 """
 
 from __future__ import annotations
@@ -25,19 +30,69 @@ class TaskError(RuntimeError):
     """A task that cannot run as asked; the message says what is wrong and what to do."""
 
 
+class DeterministicError(TaskError):
+    """Retrying cannot help: the same config, params and data fail the same way. Fix, then re-run."""
+
+
+class GateRejected(DeterministicError):
+    """The stage ran and said no (the promotion gate rejected the challenger): the task fails, and
+    `result` holds the summary the task would have returned (the decision and every reason)."""
+
+    def __init__(self, message: str, result: dict[str, Any]):
+        super().__init__(message)
+        self.result = result
+
+
+# Exceptions (by module.qualname, so nothing is imported to check) that a retry would only repeat.
+DETERMINISTIC = frozenset({
+    "lattice.config.loader.ConfigError",
+    "lattice.orchestration.narrow.SubsetError",
+    "pipelines.validate.ValidationFailed",
+    "pipelines.sources.SourceError",
+})
+
+
+def is_deterministic(exc: BaseException) -> bool:
+    """Whether `exc`, or an exception it was raised from, is one a retry would only repeat."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, DeterministicError) or any(
+                f"{c.__module__}.{c.__qualname__}" in DETERMINISTIC for c in type(current).__mro__):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
+def gate_message(task: TaskSpec, summary: dict[str, Any]) -> str:
+    """Why the gate said no, one failed check a line (the promotion gate's decision summary)."""
+    failed = [r.get("message", str(r)) for r in summary.get("reasons") or [] if isinstance(r, dict) and not r.get("passed")]
+    who = f"challenger v{summary['challenger_version']}" if summary.get("challenger_version") is not None else "the challenger"
+    champion = summary.get("champion_after")
+    stays = f"the champion stays v{champion}" if champion is not None else "there is still no champion"
+    dry = " (dry run)" if summary.get("dry_run") else ""
+    lines = [f"{task.task_id}: the gate REJECTED {who}{dry}; {stays}. Failed checks:"]
+    lines += [f"  - {m}" for m in failed] or [f"  - {task.gate} is {summary.get(task.gate)!r} (no reason given)"]
+    lines.append("The whole decision is in this task's 'decision' XCom and in the registry's gate run "
+                 f"{summary.get('gate_run_id')!r}. Fix: distill a better student (or relax `promotion` in the "
+                 "config), then trigger this DAG again.")
+    return "\n".join(lines)
+
+
 def check_params(params: dict[str, Any], specs: list[ParamSpec]) -> None:
     """Rules JSON schema cannot express (Airflow already checked types, enums and bounds)."""
     if "start" in params and "end" in params and params["start"] and params["end"]:
         try:
             start, end = dt.date.fromisoformat(str(params["start"])), dt.date.fromisoformat(str(params["end"]))
         except ValueError as exc:
-            raise TaskError(f"params start/end must be dates like 2026-01-01: {exc}") from None
+            raise DeterministicError(f"params start/end must be dates like 2026-01-01: {exc}") from None
         if end <= start:
-            raise TaskError(f"param end ({end}) must be after start ({start}); end is exclusive")
+            raise DeterministicError(f"param end ({end}) must be after start ({start}); end is exclusive")
     known = {p.name for p in specs}
     unknown = sorted(set(params) - known)
     if unknown:
-        raise TaskError(f"unknown params {unknown}; this DAG takes {sorted(known)}")
+        raise DeterministicError(f"unknown params {unknown}; this DAG takes {sorted(known)}")
 
 
 def stage_kwargs(stage_fn, task: TaskSpec, params: dict[str, Any], specs: list[ParamSpec]) -> dict[str, Any]:
@@ -57,13 +112,13 @@ def stage_kwargs(stage_fn, task: TaskSpec, params: dict[str, Any], specs: list[P
         if keyword in accepts or (takes_any and value != default.get(name)):
             kwargs[keyword] = value
         elif value != default.get(name):
-            raise TaskError(
+            raise DeterministicError(
                 f"stage {task.stage!r} takes no {keyword!r} keyword, so param {name}={value!r} cannot be applied; "
                 f"trigger with the default ({default.get(name)!r}) or extend the stage"
             )
     for keyword, value in task.fixed.items():
         if not (takes_any or keyword in accepts):
-            raise TaskError(f"stage {task.stage!r} takes no {keyword!r} keyword (the DAG passes {keyword}={value!r})")
+            raise DeterministicError(f"stage {task.stage!r} takes no {keyword!r} keyword (the DAG passes {keyword}={value!r})")
         kwargs[keyword] = value
     return kwargs
 
@@ -102,32 +157,66 @@ def run_task(config_file: str | Path, task: TaskSpec, params: dict[str, Any], sp
     try:
         config = load_config(str(config_file))
     except ConfigError as exc:
-        raise TaskError(f"config {config_file} is invalid:\n{exc}") from None
+        raise DeterministicError(f"config {config_file} is invalid (fix the file; retrying cannot help):\n{exc}") from None
     stage = task.stage
     if task.switch and params.get(task.switch[0]):
         stage = task.switch[1]
     if stage not in stages.STAGES:
-        raise TaskError(
+        raise DeterministicError(
             f"stage {stage!r} is not registered in lattice/stages.py (known: {sorted(stages.STAGES)}); "
             f"task {task.task_id!r} cannot run until the issue that builds this stage lands"
         )
+    all_domains = config.domain_names
     if task.narrow:
         from lattice.orchestration.narrow import SubsetError, narrow_config
 
         try:
             config = narrow_config(config, params.get("domains"), params.get("objectives"))
         except SubsetError as exc:
-            raise TaskError(str(exc)) from None
+            raise DeterministicError(str(exc)) from None
     stage_fn = stages.get_stage(stage)
     kwargs = stage_kwargs(stage_fn, task, params, specs)
-    paths = paths_for(config).ensure()
+    paths = run_paths = paths_for(config).ensure()
+    table = None
+    if config.domain_names != all_domains:
+        from lattice.orchestration.run_paths import subset_table
+
+        try:
+            table = subset_table(paths, config.domain_names)
+        except Exception as exc:
+            cls = DeterministicError if is_deterministic(exc) else TaskError
+            raise cls(f"task {task.task_id!r}: the training table of domains {config.domain_names}: "
+                      f"{type(exc).__name__}: {exc}") from exc
+        log.info("domains %s of %s: the stage reads the subset table %s", config.domain_names, all_domains, table)
+    staged = task.replaces_model if stage == task.stage else None
+    if table is not None or staged:
+        from lattice.orchestration.run_paths import RunPaths
+
+        run_paths = RunPaths.make(paths, table=table, staged=staged).ensure()
     log.info("config %s (%s): stage %s with %s; workdir %s", config.name, config_file, stage, kwargs, paths.workdir)
     started = time.perf_counter()
     try:
-        summary = stage_fn(config, paths, **kwargs)
-    except TaskError:
-        raise
+        summary = stage_fn(config, run_paths, **kwargs)
+        if staged:
+            if isinstance(summary, dict) and summary.get("interrupted"):
+                raise TaskError(f"stage {stage!r} stopped before the end; the previous {staged} model is kept")
+            summary = relocate_summary(summary, run_paths.commit())
     except Exception as exc:
-        raise TaskError(f"stage {stage!r} failed for config {config.name!r}: {type(exc).__name__}: {exc}") from exc
+        if staged:
+            run_paths.discard()  # the previous model folder stays as it was
+        if isinstance(exc, TaskError):
+            raise
+        cls = DeterministicError if is_deterministic(exc) else TaskError
+        again = " (not retried: the same input fails the same way)" if cls is DeterministicError else ""
+        raise cls(f"stage {stage!r} failed for config {config.name!r}{again}: {type(exc).__name__}: {exc}") from exc
     _log_summary(stage, summary, time.perf_counter() - started)
-    return {"stage": stage, "config": config.name, "summary": _jsonable(summary)}
+    result = {"stage": stage, "config": config.name, "summary": _jsonable(summary)}
+    if task.gate and stage == task.stage and not (isinstance(summary, dict) and summary.get(task.gate)):
+        raise GateRejected(gate_message(task, summary if isinstance(summary, dict) else {}), result)
+    return result
+
+
+def relocate_summary(summary: Any, moved: dict[str, str]) -> Any:
+    from lattice.orchestration.run_paths import relocate
+
+    return relocate(summary, moved)

@@ -28,7 +28,7 @@ def tiny(data: dict[str, Any], *, data_root: Path, workdir: Path, name: str | No
                       "baselines": {"separate": False, "pooled": False, "multitask": "none"}}
     data["training"] = {**data.get("training", {}), "batch_size": 512, "epochs": 1, "nproc": 1}
     if data.get("synthetic") is not None:
-        data["synthetic"] = {**data["synthetic"], "users": 2000, "ads": 500, "chunk_rows": 5000}
+        data["synthetic"] = {**data["synthetic"], "users": 2000, "ads": 500, "chunk_rows": 5000, "rows": 6000}
     for d in data["domains"]:
         d["min_rows"] = min(d.get("min_rows", 1), 10)
     return data

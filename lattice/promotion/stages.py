@@ -4,12 +4,18 @@ promote: challenger and champion (as registered artifacts, downloaded from the r
 teacher all score the same fresh evaluation window (the current table's test split); the
 challenger's artifact is checked against its own training weights, timed and sized; the gate
 decides; the decision and every reason go to MLflow; on a pass the `champion` alias moves.
+
+Before anything is scored, every registered artifact the gate uses is verified file by file
+against what was recorded at registration; a mismatch is a rejection (check
+`artifact_integrity`, naming the files), never a promotion. The record and the move are one
+step (`ModelRegistry.record_promotion`): a failure leaves the previous champion and history.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from dataclasses import asdict
 from typing import Any
 
 import numpy as np
@@ -21,22 +27,20 @@ from lattice.paths import Paths
 log = logging.getLogger(__name__)
 
 
-def _teacher_cells(config: PlatformConfig, paths: Paths, registry, window):
-    """The teacher's gate cells on the window: the latest registered teacher, else the local one."""
+def _teacher_cells(config: PlatformConfig, folder, window):
+    """The teacher's gate cells on the window, from its (verified) registered folder or the local one."""
     from lattice.export.trained import load_trained
     from lattice.promotion.metrics import gate_cells
 
-    latest = registry.latest("teacher")
-    folder = registry.download(latest) if latest is not None else paths.model_dir("teacher")
     if not (folder / "model.pt").exists():
-        return None, None
+        return None
     trained = load_trained(folder)
     from lattice.data.loader import batch_from_frame
 
     batch = batch_from_frame(trained.config, trained.stats, window)
     with torch.no_grad():
         probs = {o: torch.sigmoid(v).numpy() for o, v in trained.model(batch.dense, batch.sparse, batch.domain).items()}
-    return gate_cells(config, window, probs), (latest.version if latest else None)
+    return gate_cells(config, window, probs)
 
 
 def _artifact_parity(folder, predictor, window) -> float:
@@ -54,10 +58,10 @@ def _artifact_parity(folder, predictor, window) -> float:
 def promote(config: PlatformConfig, paths: Paths, dry_run: bool = False, max_rows: int = 200_000) -> dict[str, Any]:
     from lattice.export.predictor import Predictor
     from lattice.export.window import latency_ms, load_window
-    from lattice.promotion.gate import GateInputs, decide
+    from lattice.promotion.gate import Decision, GateInputs, Reason, decide
     from lattice.promotion.metrics import gate_cells, macro_ne
     from lattice.registry import CHALLENGER, CHAMPION, ModelRegistry
-    from lattice.registry.checksum import size_mb
+    from lattice.registry.checksum import ArtifactIntegrityError, size_mb
 
     started = time.perf_counter()
     reg = ModelRegistry(config, paths)
@@ -71,14 +75,40 @@ def promote(config: PlatformConfig, paths: Paths, dry_run: bool = False, max_row
     log.info("promote: challenger v%s vs champion %s on %d window rows", challenger.version,
              f"v{champion.version}" if champion else "(none)", len(window))
 
-    ch_folder = reg.download(challenger)
-    ch = Predictor.load(ch_folder, version=challenger)
+    # integrity first: every registered artifact the gate uses, checked before anything is scored
+    integrity: list[Reason] = []
+
+    def verified(info, role: str, servable: bool):
+        try:
+            folder = reg.download(info)  # every file against the manifest recorded at registration
+            return folder, (Predictor.load(folder, version=info) if servable else None)  # the bytes loaded, again
+        except ArtifactIntegrityError as exc:
+            integrity.append(Reason("artifact_integrity", False, f"{role} v{info.version}: {exc}"))
+            return None, None
+
+    ch_folder, ch = verified(challenger, "challenger", True)
+    champ = verified(champion, "champion", True)[1] if champion is not None else None
+    latest_teacher = reg.latest("teacher")
+    teacher_folder = verified(latest_teacher, "teacher", False)[0] if latest_teacher is not None else paths.model_dir("teacher")
+    teacher_version = latest_teacher.version if latest_teacher is not None else None
+    if integrity:
+        decision = Decision(False, integrity).to_dict()
+        decision.update({
+            "challenger_version": challenger.version, "champion_before": champion.version if champion else None,
+            "champion_after": champion.version if champion else None, "teacher_version": teacher_version,
+            "dry_run": dry_run, "measurements": {"window_rows": len(window)},
+        })
+        log.warning("promote: challenger v%s rejected: %s", challenger.version, "; ".join(r.message for r in integrity))
+        decision["gate_run_id"] = reg.log_decision(challenger, decision)
+        decision["seconds"] = round(time.perf_counter() - started, 2)
+        return decision
+    checked = ", ".join(f"{role} v{info.version}" for role, info in
+                        (("challenger", challenger), ("champion", champion), ("teacher", latest_teacher)) if info is not None)
+    integrity_ok = Reason("artifact_integrity", True, f"{checked}: every file matches what was registered")
+
     ch_cells = gate_cells(config, window, ch.predict_frame(window))
-    champ_cells = None
-    if champion is not None:
-        champ = Predictor.load(reg.download(champion), version=champion)
-        champ_cells = gate_cells(config, window, champ.predict_frame(window))
-    teacher_cells, teacher_version = _teacher_cells(config, paths, reg, window)
+    champ_cells = gate_cells(config, window, champ.predict_frame(window)) if champ is not None else None
+    teacher_cells = _teacher_cells(config, teacher_folder, window)
     # the ε check compares the same cells (the challenger's) for student and teacher
     teacher_macro = macro_ne({c: m for c, m in teacher_cells.items() if c in ch_cells}) if teacher_cells else None
     parity = _artifact_parity(ch_folder, ch, window)
@@ -90,6 +120,7 @@ def promote(config: PlatformConfig, paths: Paths, dry_run: bool = False, max_row
         export_max_abs_diff=parity, export_tolerance=tolerance, latency_p99_ms=lat["p99_ms"], artifact_mb=mb,
     )
     decision = decide(config.promotion, inputs).to_dict()
+    decision["reasons"].insert(0, asdict(integrity_ok))
     measurements = {
         "window_rows": len(window), "student_macro_ne": inputs.student_macro_ne,
         "teacher_macro_ne": teacher_macro if teacher_macro is not None else float("nan"),
@@ -106,12 +137,14 @@ def promote(config: PlatformConfig, paths: Paths, dry_run: bool = False, max_row
     })
     decision["champion_after"] = decision["champion_before"]
     if decision["passed"] and not dry_run:
-        reg.promote(challenger)  # one alias write: servers see the old or the new champion, never neither
         decision["champion_after"] = challenger.version
-    elif not decision["passed"]:
-        log.warning("promote: challenger v%s rejected: %s", challenger.version,
-                    "; ".join(r["message"] for r in decision["reasons"] if not r["passed"]))
-    decision["gate_run_id"] = reg.log_decision(challenger, decision)
+        # the record and the alias move as one step: a failure puts the previous champion back and raises
+        decision["gate_run_id"] = reg.record_promotion(challenger, decision)
+    else:
+        if not decision["passed"]:
+            log.warning("promote: challenger v%s rejected: %s", challenger.version,
+                        "; ".join(r["message"] for r in decision["reasons"] if not r["passed"]))
+        decision["gate_run_id"] = reg.log_decision(challenger, decision)
     decision["seconds"] = round(time.perf_counter() - started, 2)
     return decision
 

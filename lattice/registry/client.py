@@ -8,6 +8,15 @@ points at a shared tracking server instead.
 
 The champion history (a JSON list of versions on the registered model) is what `rollback`
 walks back; MLflow keeps only the current alias target.
+
+Integrity: at registration every file of the model folder is hashed (a manifest, logged next to
+`model/` as `manifest.json`, its digest a tag on the run and the version), and the stored copy is
+downloaded back and checked before the version exists. The download cache is keyed by that
+digest and re-verified on every use; a changed file is a miss (downloaded again), and a stored
+copy that does not match is an `ArtifactIntegrityError` naming the files.
+
+Promotion and rollback are all-or-nothing: the decision run is written (pending) before the
+alias moves, and a failure after the move puts the alias, the history and the tags back.
 """
 
 from __future__ import annotations
@@ -18,9 +27,14 @@ import logging
 import os
 import shutil
 import tempfile
+import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
+
+from lattice.registry.checksum import (MANIFEST_FILE, ArtifactIntegrityError, compare, manifest, manifest_digest,
+                                       read_manifest, sha256_path, write_manifest)
 
 from lattice.config import PlatformConfig
 from lattice.paths import Paths
@@ -31,6 +45,18 @@ CHAMPION = "champion"
 CHALLENGER = "challenger"
 HISTORY_TAG = "lattice.champion_history"
 SERVABLE = "student"
+MANIFEST_TAG = "lattice.manifest"
+"""sha256 of the registered folder's manifest (run and version tag): its content key."""
+PROMOTION_STATUS_TAG = "lattice.promotion.status"
+"""On a promotion's decision run: pending (alias not yet moved) -> done, or rolled_back."""
+GATE_TAGS = ("lattice.gate.decision", "lattice.gate.run_id", "lattice.gate.failed")
+REGISTRY_MARKER = "registry.json"
+"""Written beside mlflow.db when the local registry is created: once it exists, a missing
+database is an error, never a new empty registry."""
+
+
+class RegistryMissingError(FileNotFoundError):
+    """The work directory had a registry, and its database is gone."""
 
 
 @dataclass(frozen=True)
@@ -89,6 +115,39 @@ def _local_backend(db: Path) -> str:
     return f"sqlite:///{db}"
 
 
+def _registry_evidence(folder: Path) -> str | None:
+    """What shows that `folder` (paths.mlflow) held a registry: its marker, stored artifacts or
+    a download cache. None for a work directory that never had one."""
+    if (folder / REGISTRY_MARKER).is_file():
+        return f"{folder / REGISTRY_MARKER}"
+    for sub in ("artifacts", "cache"):
+        if (folder / sub).is_dir() and any((folder / sub).iterdir()):
+            return f"{folder / sub} (not empty)"
+    return None
+
+
+def _open_local_registry(folder: Path) -> str:
+    """The SQLite tracking URI of the work directory's registry. Only a work directory that
+    never had a registry gets a new one; a missing database of an existing one is an error."""
+    db = folder / "mlflow.db"
+    if not db.exists():
+        evidence = _registry_evidence(folder)
+        if evidence is not None:
+            raise RegistryMissingError(
+                f"the model registry database {db} is missing, but this work directory had a registry (see {evidence}). "
+                f"Restore {db} from a backup, or set `registry.tracking_uri` to where the registry now lives. A new "
+                f"empty registry would restart versions at 1 beside the old artifacts, so none is created; to start "
+                f"afresh on purpose, move {folder} away first."
+            )
+    uri = _local_backend(db)
+    marker = folder / REGISTRY_MARKER
+    if not marker.exists():
+        part = marker.with_name(marker.name + f".tmp{os.getpid()}")
+        part.write_text(json.dumps({"database": str(db), "created_or_first_seen": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}))
+        part.replace(marker)
+    return uri
+
+
 class ModelRegistry:
     def __init__(self, config: PlatformConfig, paths: Paths):
         _quiet_mlflow()
@@ -100,7 +159,7 @@ class ModelRegistry:
             self.tracking_uri = config.registry.tracking_uri
             self._artifact_location = None  # the server decides
         else:
-            self.tracking_uri = _local_backend(paths.mlflow / "mlflow.db")
+            self.tracking_uri = _open_local_registry(paths.mlflow)
             self._artifact_location = (paths.mlflow / "artifacts").as_uri()
         self.base_name = config.registry.model_name or f"{config.name}_ranker"
         self.client = MlflowClient(tracking_uri=self.tracking_uri, registry_uri=self.tracking_uri)
@@ -145,7 +204,16 @@ class ModelRegistry:
     ) -> VersionInfo | str:
         """One run with params, metrics, tags and artifacts (the model folder under `model/`,
         extras under their key); then a registered version whose source is `model/`.
-        Returns the VersionInfo, or the run id when `register` is False."""
+        Returns the VersionInfo, or the run id when `register` is False.
+
+        Every file of `artifact_dir` is hashed first (the manifest, logged as `manifest.json`
+        beside `model/`); the stored copy is downloaded back and verified before the run is
+        finished, so a version only ever names bytes that match its manifest."""
+        files = manifest(artifact_dir)
+        if not files:
+            raise FileNotFoundError(f"nothing to register: {artifact_dir} has no files")
+        digest = manifest_digest(files)
+        tags = {**tags, MANIFEST_TAG: digest}
         run = self.client.create_run(self.experiment_id, run_name=model, tags={"lattice.model": model, **tags})
         rid = run.info.run_id
         try:
@@ -158,11 +226,15 @@ class ModelRegistry:
             for i in range(0, len(ms), 500):
                 self.client.log_batch(rid, metrics=ms[i : i + 500])
             self.client.log_artifacts(rid, str(artifact_dir), "model")
+            with tempfile.TemporaryDirectory() as tmp:
+                self.client.log_artifact(rid, str(write_manifest(files, Path(tmp) / MANIFEST_FILE)))
             for name, path in (extra_artifacts or {}).items():
                 if Path(path).is_dir():
                     self.client.log_artifacts(rid, str(path), name)
                 elif Path(path).exists():
                     self.client.log_artifact(rid, str(path), name)
+            # verified when registered: what the store holds is what was hashed (and now cached)
+            self._fetch(digest, f"{run.info.artifact_uri}/model", rid, f"{model} (run {rid}) as stored")
             self.client.set_terminated(rid, "FINISHED")
         except Exception:
             self.client.set_terminated(rid, "FAILED")
@@ -178,21 +250,38 @@ class ModelRegistry:
 
     def log_decision(self, version: VersionInfo, decision: dict[str, Any]) -> str:
         """A `promotion` run holding the gate decision and every reason, linked from the
-        version's tags (so the registry UI shows why a version was or was not promoted)."""
-        run = self.client.create_run(
-            self.experiment_id, run_name=f"promotion-v{version.version}",
-            tags={"lattice.model": "promotion", "lattice.challenger_version": str(version.version),
-                  "lattice.decision": decision["decision"]},
-        )
+        version's tags (so the registry UI shows why a version was or was not promoted).
+        For a decision that moves the alias, use `record_promotion` (one step with the move)."""
+        rid = self._open_decision(version, decision)
+        self._close_decision(rid, version, decision)
+        return rid
+
+    def _open_decision(self, version: VersionInfo, decision: dict[str, Any], status: str | None = None) -> str:
+        """The decision run with its full record (decision.json, metrics), still RUNNING."""
+        tags = {"lattice.model": "promotion", "lattice.challenger_version": str(version.version),
+                "lattice.decision": decision["decision"]}
+        if status is not None:
+            tags[PROMOTION_STATUS_TAG] = status
+        run = self.client.create_run(self.experiment_id, run_name=f"promotion-v{version.version}", tags=tags)
         rid = run.info.run_id
-        with tempfile.TemporaryDirectory() as tmp:
-            f = Path(tmp) / "decision.json"
-            f.write_text(json.dumps(decision, indent=2, default=str))
-            self.client.log_artifact(rid, str(f))
-        for k, v in decision.get("measurements", {}).items():
-            if isinstance(v, (int, float)) and v == v:
-                self.client.log_metric(rid, k, float(v))
-        self.client.set_terminated(rid, "FINISHED")
+        try:
+            with tempfile.TemporaryDirectory() as tmp:
+                f = Path(tmp) / "decision.json"
+                f.write_text(json.dumps(decision, indent=2, default=str))
+                self.client.log_artifact(rid, str(f))
+            for k, v in decision.get("measurements", {}).items():
+                if isinstance(v, (int, float)) and v == v:
+                    self.client.log_metric(rid, k, float(v))
+        except Exception:
+            try:
+                self.client.set_terminated(rid, "FAILED")
+            except Exception:  # the registry is unreachable: the run stays RUNNING (no alias moved)
+                log.warning("could not mark the incomplete decision run %s as failed", rid)
+            raise
+        return rid
+
+    def _close_decision(self, rid: str, version: VersionInfo, decision: dict[str, Any], status: str | None = None) -> None:
+        """Link the decision from the version's tags and finish the run."""
         failed = [r["message"] for r in decision["reasons"] if not r["passed"]]
         tags = {
             "lattice.gate.decision": decision["decision"],
@@ -201,7 +290,9 @@ class ModelRegistry:
         }
         for k, v in tags.items():
             self.client.set_model_version_tag(version.name, str(version.version), k, v)
-        return rid
+        if status is not None:
+            self.client.set_tag(rid, PROMOTION_STATUS_TAG, status)
+        self.client.set_terminated(rid, "FINISHED")
 
     # ------------------------------------------------------------ lookups
     def version(self, version: int, model: str = SERVABLE) -> VersionInfo:
@@ -234,23 +325,97 @@ class ModelRegistry:
         return dict(self.client.get_run(run_id).data.metrics)
 
     def download(self, version: VersionInfo) -> Path:
-        """The version's `model/` folder in a local cache (downloaded once per version)."""
-        from mlflow.artifacts import download_artifacts
+        """The version's `model/` folder from the local cache, verified file by file against the
+        manifest recorded at registration (on every call: a cache entry is never trusted as is).
+        Raises ArtifactIntegrityError, naming the files, when the stored copy does not match."""
+        what = f"{version.name} v{version.version}"
+        digest = version.tags.get(MANIFEST_TAG)
+        if digest:
+            return self._fetch(digest, version.source, version.run_id, what)
+        return self._fetch_unmanifested(version, what)
 
-        dest = self.paths.mlflow / "cache" / version.name / f"v{version.version}"
-        if (dest / "model").is_dir():
-            return dest / "model"
-        tmp = dest.with_name(dest.name + f".tmp{os.getpid()}")
+    @property
+    def _cache(self) -> Path:
+        return self.paths.mlflow / "cache"
+
+    def _fetch(self, digest: str, source: str, run_id: str, what: str) -> Path:
+        """Cache entry `sha256-<digest>/` (`model/` and its `manifest.json`), keyed by content."""
+
+        def problems(entry: Path) -> list[str]:
+            expected = read_manifest(entry / MANIFEST_FILE, digest)
+            return compare(expected, manifest(entry / "model"))
+
+        def extra(tmp: Path) -> None:
+            self._download_to(tmp, run_id=run_id, artifact_path=MANIFEST_FILE)
+
+        return self._cached(self._cache / f"sha256-{digest}", source, what, problems, extra)
+
+    def _fetch_unmanifested(self, version: VersionInfo, what: str) -> Path:
+        """A version registered before manifests: checked against its recorded folder checksum
+        (`lattice.checksum`, of `export/` when it was exported), cached per run."""
+        checksum = version.tags.get("lattice.checksum")
+        if not checksum:
+            raise ArtifactIntegrityError(what, ["no manifest and no checksum were recorded at registration; register the model again"])
+        sub = "export" if version.tags.get("lattice.exported") == "true" else ""
+
+        def problems(entry: Path) -> list[str]:
+            folder = entry / "model" / sub if sub else entry / "model"
+            try:
+                got = sha256_path(folder)
+            except FileNotFoundError:
+                return [f"{sub or 'model'}/: missing or empty"]
+            return [] if got == checksum else [f"{sub or 'model'}/: sha256 {got[:16]}… differs from the registered {checksum[:16]}…"]
+
+        return self._cached(self._cache / f"legacy-{version.run_id}-{checksum}", version.source, what, problems, None)
+
+    def _cached(self, entry: Path, source: str, what: str, problems: Callable[[Path], list[str]],
+                extra: Callable[[Path], None] | None) -> Path:
+        if entry.exists():
+            try:
+                bad = problems(entry) if (entry / "model").is_dir() else ["model/: missing"]
+            except ArtifactIntegrityError as exc:
+                bad = exc.problems
+            if not bad:
+                return entry / "model"
+            log.warning("the cached copy of %s at %s does not match its registration (%s); downloading it again",
+                        what, entry, "; ".join(bad[:5]))
+            self._discard(entry)
+        tmp = entry.with_name(entry.name + f".tmp{os.getpid()}-{threading.get_ident()}")
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-        got = Path(download_artifacts(artifact_uri=version.source, dst_path=str(tmp), tracking_uri=self.tracking_uri))
-        if got.name != "model":
-            got.rename(tmp / "model")
         try:
-            tmp.rename(dest)  # atomic: a concurrent reader never sees half a download
+            got = self._download_to(tmp, artifact_uri=source)
+            if got.name != "model":
+                got.rename(tmp / "model")
+            if extra is not None:
+                extra(tmp)
+            try:
+                bad = problems(tmp)
+            except ArtifactIntegrityError as exc:
+                bad = exc.problems
+            if bad:
+                raise ArtifactIntegrityError(f"{what} (stored at {source})", bad)
+            try:
+                tmp.rename(entry)  # atomic: a concurrent reader never sees half a download
+            except OSError:
+                pass  # another process won the race; its entry is verified on its next use
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return entry / "model"
+
+    def _download_to(self, dst: Path, **where: str) -> Path:
+        from mlflow.artifacts import download_artifacts
+
+        return Path(download_artifacts(dst_path=str(dst), tracking_uri=self.tracking_uri, **where))
+
+    @staticmethod
+    def _discard(entry: Path) -> None:
+        aside = entry.with_name(entry.name + f".bad{os.getpid()}-{threading.get_ident()}")
+        try:
+            entry.rename(aside)
         except OSError:
-            shutil.rmtree(tmp, ignore_errors=True)  # another process won the race
-        return dest / "model"
+            return  # already discarded (or replaced) by another process
+        shutil.rmtree(aside, ignore_errors=True)
 
     # ------------------------------------------------------------ aliases
     def champion_history(self) -> list[int]:
@@ -266,25 +431,62 @@ class ModelRegistry:
         self.client.set_registered_model_alias(self.base_name, CHALLENGER, str(version.version))
 
     def promote(self, version: VersionInfo) -> int | None:
-        """Move `champion` to `version` (one registry write: readers see the old or the new
-        version, never neither) and append it to the history. Returns the previous champion."""
+        """Move `champion` to `version` (one alias write: readers see the old or the new version,
+        never neither) and append it to the history, as one step: a failure after the alias
+        moved puts the alias and the history back. Returns the previous champion."""
+        return self._promote(version, None)[0]
+
+    def record_promotion(self, version: VersionInfo, decision: dict[str, Any]) -> str:
+        """The gate's passing decision and the move, all or nothing: the decision run is written
+        first (status pending), then the alias and the history move, then the decision is linked
+        from the version and marked done. Any failure after the alias moved restores the previous
+        champion (or no champion), the history, the challenger alias and the version's gate tags,
+        marks the run rolled_back, and re-raises. Returns the decision run id."""
+        return self._promote(version, decision)[1]
+
+    def _promote(self, version: VersionInfo, decision: dict[str, Any] | None) -> tuple[int | None, str | None]:
+        from mlflow.exceptions import MlflowException
+
+        name, v = self.base_name, str(version.version)
         previous = self.by_alias(CHAMPION)
-        history = self.champion_history()
+        try:
+            old_history = self.client.get_registered_model(name).tags.get(HISTORY_TAG)
+        except MlflowException:
+            old_history = None
+        history = [int(x) for x in json.loads(old_history or "[]")]
         if previous is not None and (not history or history[-1] != previous.version):
             history.append(previous.version)
         history.append(version.version)
-        self.client.set_registered_model_alias(self.base_name, CHAMPION, str(version.version))
-        self.client.set_registered_model_tag(self.base_name, HISTORY_TAG, json.dumps(history))
-        cur = self.by_alias(CHALLENGER)
-        if cur is not None and cur.version == version.version:
-            self.client.delete_registered_model_alias(self.base_name, CHALLENGER)
-        return previous.version if previous else None
+        challenger = self.by_alias(CHALLENGER)
+        rid = self._open_decision(version, decision, status="pending") if decision is not None else None
+
+        steps: list[tuple[str, Callable[[], Any], Callable[[], Any]]] = []
+        if rid is not None:
+            steps.append(("decision run", lambda: None, lambda: self._abandon(rid)))
+        steps.append(("champion alias", lambda: self.client.set_registered_model_alias(name, CHAMPION, v),
+                      lambda: self._set_alias(CHAMPION, previous.version if previous else None)))
+        steps.append(("champion history", lambda: self.client.set_registered_model_tag(name, HISTORY_TAG, json.dumps(history)),
+                      lambda: self._restore_model_tag(HISTORY_TAG, old_history)))
+        if challenger is not None and challenger.version == version.version:
+            steps.append(("challenger alias", lambda: self.client.delete_registered_model_alias(name, CHALLENGER),
+                          lambda: self._set_alias(CHALLENGER, version.version)))
+        if rid is not None:
+            now = self.client.get_model_version(version.name, v).tags  # fresh: a dry run may have tagged it since
+            before = {k: now.get(k) for k in GATE_TAGS}
+            steps.append(("decision record", lambda: self._close_decision(rid, version, decision, status="done"),
+                          lambda: self._restore_version_tags(version, before)))
+        self._all_or_nothing(f"promotion of v{v} to {CHAMPION}", steps)
+        log.info("promoted %s v%s to %s (was %s)", name, v, CHAMPION, f"v{previous.version}" if previous else "none")
+        return (previous.version if previous else None), rid
 
     def rollback(self) -> tuple[int, int]:
-        """Return `champion` to the previous champion. Returns (from_version, to_version)."""
+        """Return `champion` to the previous champion, as one step (a failure after the alias
+        moved puts it back). Returns (from_version, to_version)."""
         current = self.by_alias(CHAMPION)
         if current is None:
             raise RuntimeError(f"registered model {self.base_name!r} has no champion; nothing to roll back")
+        name = self.base_name
+        old_history = self.client.get_registered_model(name).tags.get(HISTORY_TAG)
         history = self.champion_history()
         while history and history[-1] == current.version:
             history.pop()
@@ -294,7 +496,70 @@ class ModelRegistry:
                 "promote another version instead"
             )
         target = history[-1]
-        self.client.set_registered_model_alias(self.base_name, CHAMPION, str(target))
-        self.client.set_registered_model_tag(self.base_name, HISTORY_TAG, json.dumps(history))
-        self.client.set_model_version_tag(self.base_name, str(current.version), "lattice.rolled_back", "true")
+        before = {"lattice.rolled_back": current.tags.get("lattice.rolled_back")}
+        self._all_or_nothing(f"rollback of {CHAMPION} from v{current.version} to v{target}", [
+            ("champion alias", lambda: self.client.set_registered_model_alias(name, CHAMPION, str(target)),
+             lambda: self._set_alias(CHAMPION, current.version)),
+            ("champion history", lambda: self.client.set_registered_model_tag(name, HISTORY_TAG, json.dumps(history)),
+             lambda: self._restore_model_tag(HISTORY_TAG, old_history)),
+            ("rolled_back tag", lambda: self.client.set_model_version_tag(name, str(current.version), "lattice.rolled_back", "true"),
+             lambda: self._restore_version_tags(current, before)),
+        ])
         return current.version, target
+
+    # ------------------------------------------------------------ all or nothing
+    def _all_or_nothing(self, what: str, steps: list[tuple[str, Callable[[], Any], Callable[[], Any]]]) -> None:
+        """Run each step's action; if one raises, run the undo of every step begun (its own
+        included: a write that raised may still have landed), newest first, and re-raise."""
+        begun: list[tuple[str, Callable[[], Any]]] = []
+        try:
+            for label, do, undo in steps:
+                begun.append((label, undo))
+                do()
+        except BaseException as exc:
+            failed = []
+            for label, undo in reversed(begun):
+                try:
+                    undo()
+                except Exception as err:  # keep undoing the rest
+                    failed.append(f"{label}: {type(err).__name__}: {err}")
+            if failed:
+                note = (f"{what} failed ({type(exc).__name__}: {exc}) and undoing it failed too ({'; '.join(failed)}); "
+                        f"check the '{CHAMPION}' alias and the {HISTORY_TAG} tag of {self.base_name!r} "
+                        f"at {self.tracking_uri}")
+                log.critical(note)
+                exc.add_note(note)
+            else:
+                log.error("%s failed (%s: %s); the registry is as it was before", what, type(exc).__name__, exc)
+            raise
+
+    def _set_alias(self, alias: str, version: int | None) -> None:
+        from mlflow.exceptions import MlflowException
+
+        if version is not None:
+            self.client.set_registered_model_alias(self.base_name, alias, str(version))
+            return
+        try:
+            self.client.delete_registered_model_alias(self.base_name, alias)
+        except MlflowException:
+            if self.by_alias(alias) is not None:  # not "there was none": a real failure
+                raise
+
+    def _restore_model_tag(self, key: str, value: str | None) -> None:
+        if value is not None:
+            self.client.set_registered_model_tag(self.base_name, key, value)
+        elif key in self.client.get_registered_model(self.base_name).tags:
+            self.client.delete_registered_model_tag(self.base_name, key)
+
+    def _restore_version_tags(self, version: VersionInfo, before: dict[str, str | None]) -> None:
+        now = self.client.get_model_version(version.name, str(version.version)).tags
+        for k, v in before.items():
+            if v is not None and now.get(k) != v:
+                self.client.set_model_version_tag(version.name, str(version.version), k, v)
+            elif v is None and k in now:
+                self.client.delete_model_version_tag(version.name, str(version.version), k)
+
+    def _abandon(self, rid: str) -> None:
+        """Mark a decision run whose promotion was undone (the record of the attempt stays)."""
+        self.client.set_tag(rid, PROMOTION_STATUS_TAG, "rolled_back")
+        self.client.set_terminated(rid, "FAILED")

@@ -13,7 +13,7 @@ from typing import Any
 from lattice.config import PlatformConfig
 from lattice.paths import Paths
 from lattice.registry.checksum import sha256_path, size_mb
-from lattice.registry.client import SERVABLE, ModelRegistry, flatten
+from lattice.registry.client import MANIFEST_TAG, SERVABLE, ModelRegistry, flatten
 from lattice.registry.plots import cell_bars, history_curves
 
 log = logging.getLogger(__name__)
@@ -104,7 +104,8 @@ def register(config: PlatformConfig, paths: Paths, model: str = SERVABLE, challe
         reg.set_challenger(version)
     summary = {
         "model": model, "registered_model": version.name, "version": version.version, "run_id": version.run_id,
-        "checksum": checksum, "feature_service": service, "challenger": servable and challenger,
+        "checksum": checksum, "manifest": version.tags.get(MANIFEST_TAG), "feature_service": service,
+        "challenger": servable and challenger,
         "tracking_uri": reg.tracking_uri,
     }
     log.info("register: %s", summary)

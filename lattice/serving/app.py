@@ -5,12 +5,21 @@
 
 The champion is whatever version the registry alias `champion` names; a watcher thread swaps in
 a new one when the alias moves (see slot.py).
+
+Bad input gets a 4xx with a message, never a 500: 401 without the token (when
+`serving.auth_token_env` names one; checked before the body is read), 413 for a body over
+`serving.max_body_bytes` (refused from its Content-Length, or as soon as the stream passes the
+limit) or a batch over `serving.max_batch`, 400 for a body that is not UTF-8 or is nested too
+deeply, 422 for the rest (see `parse_body` and requests.py). Each request is one line on the
+`lattice.serving.access` logger (`serving.access_log`).
 """
 
 from __future__ import annotations
 
+import hmac
 import json
 import logging
+import os
 import time
 from contextlib import asynccontextmanager
 from typing import Any
@@ -20,16 +29,25 @@ from fastapi.concurrency import run_in_threadpool
 import msgspec
 from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
+from starlette.requests import ClientDisconnect
 
 from lattice.config import PlatformConfig
 from lattice.paths import Paths
 from lattice.serving.frame import request_columns
 from lattice.serving.online import OnlineFeatures
 from lattice.serving.requests import (BatchRequest, PredictRequest, PredictResponse, RequestError, RequestSchema, WireBatch,
-                                      WireRequest)
+                                      WireRequest, short)
 from lattice.serving.slot import ModelSlot
 
 log = logging.getLogger(__name__)
+access_log = logging.getLogger("lattice.serving.access")
+
+_TOO_DEEP = "body is nested too deeply to be a request (a request is at most 4 levels deep)"
+_MAX_MESSAGES = 5  # a batch with many bad requests: the first few problems, and a count
+
+
+class ServingStartupError(RuntimeError):
+    """The server cannot start as configured (e.g. the token variable is not set)."""
 
 
 def _validation_message(exc: ValidationError, prefix: str = "") -> list[str]:
@@ -43,20 +61,52 @@ def _validation_message(exc: ValidationError, prefix: str = "") -> list[str]:
             msg = "required field is missing"
         else:
             msg = e["msg"]
-        out.append(f"{loc or '<body>'}: {msg} (got {e.get('input')!r})" if kind != "missing" else f"{loc}: {msg}")
-    return list(dict.fromkeys(out))
+        out.append(f"{loc or '<body>'}: {msg} (got {short(e.get('input'))})" if kind != "missing" else f"{loc}: {msg}")
+    out = list(dict.fromkeys(out))
+    if len(out) > _MAX_MESSAGES:
+        out = out[:_MAX_MESSAGES] + [f"... and {len(out) - _MAX_MESSAGES} more problem(s)"]
+    return out
 
 
-def _parse_slow(raw: bytes) -> tuple[list[PredictRequest], bool]:
+def _check_batch_size(body: dict, max_batch: int) -> None:
+    """413 for a batch over `serving.max_batch`, before any of its requests is looked at."""
+    reqs = body.get("requests")
+    if type(reqs) is list and len(reqs) > max_batch:
+        raise RequestError(None, f"batch of {len(reqs)} requests is over the limit of {max_batch} "
+                                 f"(serving.max_batch); split it into smaller batches", status=413)
+
+
+def _has_lone_surrogate(body) -> bool:
+    """Python's json decodes an unpaired `\\ud800` escape (msgspec refuses it): such a string
+    cannot be hashed as an id or written back in a response."""
+    try:
+        json.dumps(body, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def _parse_slow(raw: bytes, max_batch: int) -> tuple[list[PredictRequest], bool]:
     """The pydantic path: writes the readable message for a body the fast decoder rejected."""
     try:
-        body = json.loads(raw)
+        text = raw.decode("utf-8")  # JSON is UTF-8 (RFC 8259), as the fast decoder reads it
+    except UnicodeDecodeError as exc:
+        raise RequestError(None, f"body is not UTF-8 text (byte {exc.start} is {raw[exc.start:exc.start + 1]!r}); "
+                                 "send JSON encoded as UTF-8", status=400) from None
+    try:
+        body = json.loads(text)
     except json.JSONDecodeError as exc:
         raise RequestError(None, f"body is not valid JSON: {exc}") from None
+    except ValueError:  # an integer literal over Python's digit limit (4300)
+        raise RequestError(None, "body holds a number too long to read (thousands of digits)", status=400) from None
+    if "\\u" in text and _has_lone_surrogate(body):
+        raise RequestError(None, "body is not valid Unicode: a \\u escape in it is half of a UTF-16 surrogate pair",
+                           status=400)
     if not isinstance(body, dict):
         raise RequestError(None, "body must be a JSON object: {domain, entities, features} or {requests: [...]}")
     try:
         if "requests" in body:
+            _check_batch_size(body, max_batch)
             return BatchRequest.model_validate(body).requests, True
         return [PredictRequest.model_validate(body)], False
     except ValidationError as exc:
@@ -64,21 +114,131 @@ def _parse_slow(raw: bytes) -> tuple[list[PredictRequest], bool]:
 
 
 def parse_body(raw: bytes, schema: RequestSchema) -> tuple[list, bool]:
-    """Body -> (requests, is_batch); raises RequestError with a readable message.
+    """Body -> (requests, is_batch); raises RequestError with a readable message and its status.
 
     msgspec decodes and type-checks a valid body (a 256-request batch in well under a
     millisecond); whatever it rejects is parsed again by the pydantic models, which say what
     is wrong in the API's own terms."""
     try:
-        body = msgspec.json.decode(raw)
-        if isinstance(body, dict) and "requests" in body:
-            reqs, batch = msgspec.convert(body, WireBatch).requests, True
-        else:
-            reqs, batch = [msgspec.convert(body, WireRequest)], False
-    except (msgspec.DecodeError, msgspec.ValidationError):
-        reqs, batch = _parse_slow(raw)  # raises with the message (or accepts what msgspec would not)
-    schema.check_all(reqs, batch)
+        try:
+            body = msgspec.json.decode(raw)
+            if isinstance(body, dict) and "requests" in body:
+                _check_batch_size(body, schema.max_batch)
+                reqs, batch = msgspec.convert(body, WireBatch).requests, True
+            else:
+                reqs, batch = [msgspec.convert(body, WireRequest)], False
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            # raises with the message, or accepts what msgspec would not (then checked for what
+            # the wire structs would have refused: ints outside int64)
+            reqs, batch = _parse_slow(raw, schema.max_batch)
+            schema.check_all(reqs, batch, values=True)
+            return reqs, batch
+        schema.check_all(reqs, batch)
+    except RecursionError:  # both decoders stop at the interpreter's recursion limit
+        raise RequestError(None, _TOO_DEEP, status=400) from None
     return reqs, batch
+
+
+def _auth_token(env_name: str | None) -> bytes | None:
+    """The token `serving.auth_token_env` names, read once at startup; None: no authentication."""
+    if env_name is None:
+        return None
+    token = os.environ.get(env_name, "").strip()
+    if not token:
+        raise ServingStartupError(
+            f"serving.auth_token_env is {env_name!r} but the environment variable {env_name} is "
+            f"{'empty' if env_name in os.environ else 'not set'}: export it with the token clients must send "
+            "(Authorization: Bearer <token> or X-API-Key: <token>), or remove serving.auth_token_env to serve "
+            "without authentication")
+    return token.encode()
+
+
+_AUTH_HINT = "send 'Authorization: Bearer <token>' or 'X-API-Key: <token>'"
+
+
+def _credentials_problem(request: Request, token: bytes) -> str | None:
+    """Why this request is not authorized, or None. Either header may carry the token; each
+    candidate is compared in constant time."""
+    headers = request.headers
+    given = []
+    key = headers.get("x-api-key")
+    if key is not None:
+        given.append(key.strip())
+    auth = headers.get("authorization")
+    if auth is not None:
+        scheme, _, value = auth.strip().partition(" ")
+        if scheme.lower() == "bearer":
+            given.append(value.strip())
+        elif key is None:
+            return f"unsupported Authorization scheme; {_AUTH_HINT}"
+    if not given:
+        return f"missing credentials; {_AUTH_HINT}"
+    # header values arrive as latin-1 text: back to the bytes the client sent
+    ok = False
+    for g in given:
+        ok |= hmac.compare_digest(g.encode("latin-1"), token)
+    return None if ok else "invalid token"
+
+
+def _unauthorized(message: str) -> JSONResponse:
+    return JSONResponse(status_code=401, content={"detail": message}, headers={"WWW-Authenticate": "Bearer"})
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    """The body, refused (413) from its Content-Length or as soon as the stream passes `limit`."""
+    length = request.headers.get("content-length")
+    if length is not None:
+        try:
+            declared = int(length)
+        except ValueError:
+            raise RequestError(None, f"Content-Length {short(length)} is not a number", status=400) from None
+        if declared > limit:
+            raise RequestError(None, f"body of {declared} bytes is over the limit of {limit} bytes "
+                                     "(serving.max_body_bytes); send smaller batches", status=413)
+    chunks = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise RequestError(None, f"body is over the limit of {limit} bytes (serving.max_body_bytes); "
+                                     "send smaller batches", status=413)
+        chunks.append(chunk)
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+class AccessLog:
+    """ASGI middleware: one `lattice.serving.access` line per HTTP request, written when the
+    response has been sent: method, path, status, duration in ms, batch size (/predict; the route
+    leaves it in the scope) and client address. No bodies, query strings or headers."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        start = time.perf_counter()
+        status = 500  # what the client gets when the app raises before responding
+
+        async def send_status(message):
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_status)
+        finally:
+            if access_log.isEnabledFor(logging.INFO):
+                path = scope.get("path", "")
+                if len(path) > 200:
+                    path = path[:200] + "..."
+                if not path.isprintable():  # percent-decoded: no newline may forge a log line
+                    path = path.encode("unicode_escape").decode("ascii")
+                client = scope.get("client")
+                access_log.info("%s %s %d %.2fms batch=%s client=%s", scope.get("method"), path, status,
+                                (time.perf_counter() - start) * 1e3, scope.get("lattice.batch", "-"),
+                                f"{client[0]}:{client[1]}" if client else "-")
 
 
 class Server:
@@ -125,12 +285,19 @@ class Server:
         return {"model_version": served.version, "predictions": preds}
 
 
-def create_app(config: PlatformConfig, paths: Paths, poll_seconds: float = 2.0) -> FastAPI:
+def create_app(config: PlatformConfig, paths: Paths, poll_seconds: float = 2.0, server: Server | None = None) -> FastAPI:
+    """`server`: one already built (tests stand one in without a registry); by default the
+    lifespan builds it. Raises ServingStartupError when `serving.auth_token_env` names a variable
+    that is not set."""
     server_box: dict[str, Server] = {}
+    prebuilt = server
+    limits = config.serving
+    token = _auth_token(limits.auth_token_env)
+    max_body = limits.max_body_bytes
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        server = await run_in_threadpool(Server, config, paths, poll_seconds)
+        server = prebuilt if prebuilt is not None else await run_in_threadpool(Server, config, paths, poll_seconds)
         await run_in_threadpool(server.slot.refresh)
         server.slot.start()
         server_box["s"] = server
@@ -141,15 +308,30 @@ def create_app(config: PlatformConfig, paths: Paths, poll_seconds: float = 2.0) 
             server.slot.stop()
 
     app = FastAPI(title=f"Lattice {config.name} ranking", lifespan=lifespan)
+    if limits.access_log:
+        app.add_middleware(AccessLog)
+
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, exc: Exception) -> JSONResponse:
+        # any route's unexpected failure answers JSON; Starlette then re-raises it to the server's log
+        return JSONResponse(status_code=500, content={"detail": "internal server error"})
 
     @app.post("/predict", response_model=PredictResponse)
     async def predict(request: Request) -> Any:
+        if token is not None and (problem := _credentials_problem(request, token)) is not None:
+            return _unauthorized(problem)
         server = server_box["s"]
-        raw = await request.body()
         try:
+            raw = await _read_body(request, max_body)
             reqs, _ = parse_body(raw, server.schema)
         except RequestError as exc:
-            return JSONResponse(status_code=422, content={"detail": str(exc)})
+            return JSONResponse(status_code=exc.status, content={"detail": str(exc)})
+        except ClientDisconnect:
+            return JSONResponse(status_code=400, content={"detail": "client disconnected before sending the whole body"})
+        except Exception:  # a bug, not the client's input: logged with its traceback
+            log.exception("reading a /predict body failed")
+            return JSONResponse(status_code=500, content={"detail": "internal error while reading the request; see the server log"})
+        request.scope["lattice.batch"] = len(reqs)
         try:
             # Scored on the event loop, not in a worker thread: the work is CPU-bound under the
             # GIL either way, and the thread hand-off cost more than a single row's lookup and
@@ -158,6 +340,9 @@ def create_app(config: PlatformConfig, paths: Paths, poll_seconds: float = 2.0) 
             body = server.score(reqs)
         except LookupError as exc:
             return JSONResponse(status_code=503, content={"detail": str(exc)})
+        except Exception:  # the last resort: valid input never gets here; logged with its traceback
+            log.exception("scoring %d request(s) failed", len(reqs))
+            return JSONResponse(status_code=500, content={"detail": "internal error while scoring; see the server log"})
         return Response(content=msgspec.json.encode(body), media_type="application/json")
 
     @app.get("/healthz")
@@ -174,7 +359,9 @@ def create_app(config: PlatformConfig, paths: Paths, poll_seconds: float = 2.0) 
         return JSONResponse(status_code=200 if served else 503, content=body)
 
     @app.get("/metadata")
-    async def metadata() -> Any:
+    async def metadata(request: Request) -> Any:
+        if token is not None and (problem := _credentials_problem(request, token)) is not None:
+            return _unauthorized(problem)
         server = server_box["s"]
         served = server.slot.current
         if served is None:
@@ -188,7 +375,7 @@ def create_app(config: PlatformConfig, paths: Paths, poll_seconds: float = 2.0) 
             "model": info.model,
             "feature_service": info.tags.get("lattice.feature_service"),
             "training_date": info.tags.get("lattice.trained_at") or served.model.metadata.get("trained_at"),
-            "checksum": info.tags.get("lattice.checksum"),
+            "checksum": served.model.checksum,  # of the bytes loaded (verified against the registered one)
             "objectives": config.objective_names,
             "domains": config.domain_names,
             "loaded_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(served.loaded_at)),

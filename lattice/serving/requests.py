@@ -5,7 +5,15 @@ Shapes and types: the pydantic models document the API (OpenAPI) and write the e
 the msgspec structs below accept exactly the same bodies and decode a valid one about ten times
 faster, so a valid request never goes through pydantic (see `app.parse_body`). `RequestSchema`
 then checks the names against the config and raises `RequestError` with a message saying what
-is wrong and what is allowed. Both become 422 responses.
+is wrong and what is allowed. Both become 422 responses; a body that cannot be read at all (not
+UTF-8, nested too deeply) is a 400 and one over `serving.max_body_bytes` / `serving.max_batch`
+a 413 (`RequestError.status`).
+
+Ids are int64 (what the model hashes and the online store keys) and dense values are finite:
+the wire structs bound every integer to int64, and msgspec refuses `NaN`, `Infinity` and
+out-of-range numbers such as `1e999`; `RequestSchema.value_problem` applies both rules, with a
+message naming the field, to a body that only the pydantic models accepted (Python's json reads
+NaN and Infinity, and pydantic takes any int).
 """
 
 from __future__ import annotations
@@ -21,7 +29,13 @@ from lattice.data import schema as S
 SparseValue = Union[StrictInt, StrictStr]
 DenseValue = Union[StrictFloat, StrictInt]
 
-MAX_BATCH = 4096
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+_INF = float("inf")
+_NOT_INT64 = "does not fit a signed 64-bit integer (integers must be in [-2**63, 2**63 - 1]; send a larger id as a string)"
+
+# an integer the fast decoder accepts: an int64 (a larger one fails over to the pydantic path,
+# where `RequestSchema.value_problem` names it)
+Int64 = Annotated[int, msgspec.Meta(ge=INT64_MIN, le=INT64_MAX)]
 
 
 class PredictRequest(BaseModel):
@@ -38,7 +52,7 @@ class PredictRequest(BaseModel):
 class BatchRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    requests: Annotated[list[PredictRequest], Field(min_length=1, max_length=MAX_BATCH)]
+    requests: Annotated[list[PredictRequest], Field(min_length=1, description="at most `serving.max_batch` requests")]
 
 
 class WireRequest(msgspec.Struct, forbid_unknown_fields=True):
@@ -46,13 +60,13 @@ class WireRequest(msgspec.Struct, forbid_unknown_fields=True):
     no float for an id, no unknown field)."""
 
     domain: str
-    entities: dict[str, Union[int, str]]
-    features: dict[str, Union[int, str, float, None]] = {}
+    entities: dict[str, Union[Int64, str]]
+    features: dict[str, Union[Int64, str, float, None]] = {}
     request_id: Union[str, None] = None
 
 
 class WireBatch(msgspec.Struct, forbid_unknown_fields=True):
-    requests: Annotated[list[WireRequest], msgspec.Meta(min_length=1, max_length=MAX_BATCH)]
+    requests: Annotated[list[WireRequest], msgspec.Meta(min_length=1)]  # at most schema.max_batch: parse_body
 
 
 class Prediction(BaseModel):
@@ -68,11 +82,20 @@ class PredictResponse(BaseModel):
 
 
 class RequestError(ValueError):
-    """A semantically invalid request; the message says what is wrong and what is allowed."""
+    """An invalid request; the message says what is wrong and what is allowed. `status` is the
+    HTTP answer: 422 (default) for a readable body with wrong content, 400 for a body that cannot
+    be read at all, 413 for one over a limit."""
 
-    def __init__(self, index: int | None, message: str):
+    def __init__(self, index: int | None, message: str, status: int = 422):
         self.index = index
+        self.status = status
         super().__init__(message if index is None else f"requests[{index}]: {message}")
+
+
+def short(value, limit: int = 80) -> str:
+    """`repr(value)` cut to `limit` characters: an error message never echoes a whole body back."""
+    r = repr(value)
+    return r if len(r) <= limit else r[:limit] + f"... ({len(r)} characters)"
 
 
 class RequestSchema:
@@ -85,40 +108,60 @@ class RequestSchema:
         self.dense = S.dense_columns(config)
         self._domains, self._entities = frozenset(self.domains), frozenset(self.entity_keys)
         self._sparse, self._dense = frozenset(self.sparse), frozenset(self.dense)
+        self.max_batch = config.serving.max_batch
 
     def problem(self, req) -> str | None:
         """What is wrong with one request under this config, or None. The only copy of the rules:
         a valid request costs one pass of set lookups, and a message is built only for an
         invalid one."""
         if req.domain not in self._domains:
-            return f"unknown domain {req.domain!r}; use one of {self.domains}"
+            return f"unknown domain {short(req.domain)}; use one of {self.domains}"
         if req.entities.keys() != self._entities:
             missing = [k for k in self.entity_keys if k not in req.entities]
             if missing:
                 return f"missing entity key(s) {missing}; every request needs {self.entity_keys}"
-            return f"unknown entity key(s) {sorted(set(req.entities) - self._entities)}; entity keys are {self.entity_keys}"
+            return f"unknown entity key(s) {short(sorted(set(req.entities) - self._entities), 200)}; entity keys are {self.entity_keys}"
         for name, value in req.features.items():
             if name in self._sparse:
                 if type(value) is float:
                     return f"feature {name!r} is categorical: send an integer or a string, got {value!r}"
             elif name in self._dense:
                 if type(value) is str:
-                    return f"feature {name!r} is numeric: send a number, got the string {value!r}"
+                    return f"feature {name!r} is numeric: send a number, got the string {short(value)}"
             elif name in self._entities:
-                return f"{name!r} is an entity key; send it under 'entities', not 'features'"
+                return f"{short(name)} is an entity key; send it under 'entities', not 'features'"
             else:
-                return f"unknown feature {name!r}; request-time features are {self.sparse + self.dense}"
+                return f"unknown feature {short(name)}; request-time features are {self.sparse + self.dense}"
         return None
 
-    def check_all(self, reqs: list, batch: bool) -> None:
-        """Raises RequestError for the first invalid request (indexed when the body is a batch)."""
+    def value_problem(self, req) -> str | None:
+        """What the wire structs refuse by decoding, for a request that did not come through them
+        (the pydantic models take any Python int and float): an integer outside int64 (an id is
+        hashed and looked up as an int64; larger ids can be sent as strings) and a dense value
+        that is NaN or infinite (Python's json reads `NaN`, `Infinity` and `1e999`; msgspec
+        refuses them, so a wire request needs no such pass). Run after `problem`, so every name
+        here is one the config knows."""
+        for name, value in req.entities.items():
+            if type(value) is int and not INT64_MIN <= value <= INT64_MAX:
+                return f"entities.{name}: {short(value, 40)} {_NOT_INT64}"
+        for name, value in req.features.items():
+            kind = type(value)
+            if kind is int and not INT64_MIN <= value <= INT64_MAX:
+                return f"features.{name}: {short(value, 40)} {_NOT_INT64}"
+            if kind is float and name in self._dense and not -_INF < value < _INF:  # NaN fails both
+                return f"feature {name!r} must be a finite number, got {value!r}"
+        return None
+
+    def check_all(self, reqs: list, batch: bool, values: bool = False) -> None:
+        """Raises RequestError for the first invalid request (indexed when the body is a batch).
+        `values`: also apply `value_problem` (requests that did not come through the wire structs)."""
         problem = self.problem
         for i, r in enumerate(reqs):
-            p = problem(r)
+            p = problem(r) or (self.value_problem(r) if values else None)
             if p is not None:
                 raise RequestError(i if batch else None, p)
 
     def check(self, req: PredictRequest, index: int | None = None) -> None:
-        p = self.problem(req)
+        p = self.problem(req) or self.value_problem(req)
         if p is not None:
             raise RequestError(index, p)

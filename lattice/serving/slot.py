@@ -5,6 +5,10 @@ A request reads `slot.current` once and uses that object to the end, so it alway
 complete model: the old one if it started before the swap, the new one after. Loading,
 warm-up and any load failure happen off the request path; a failed load leaves the old
 model serving and is reported by /healthz.
+
+An artifact that fails verification (its bytes are not the registered ones) is refused: the old
+model keeps serving, /healthz's last_error says which files differ, and that version is not
+downloaded again on every poll, only after `refused_retry_seconds` (or when the alias moves).
 """
 
 from __future__ import annotations
@@ -14,6 +18,8 @@ import threading
 import time
 from dataclasses import dataclass
 from typing import Callable, Generic, TypeVar
+
+from lattice.registry.checksum import ArtifactIntegrityError
 
 log = logging.getLogger(__name__)
 
@@ -28,10 +34,13 @@ class Served(Generic[M]):
 
 
 class ModelSlot(Generic[M]):
-    def __init__(self, current_version: Callable[[], int | None], load: Callable[[int], M], poll_seconds: float = 2.0):
+    def __init__(self, current_version: Callable[[], int | None], load: Callable[[int], M], poll_seconds: float = 2.0,
+                 refused_retry_seconds: float = 60.0):
         self._current_version = current_version
         self._load = load
         self.poll_seconds = poll_seconds
+        self.refused_retry_seconds = refused_retry_seconds
+        self._refused: tuple[int, float] | None = None  # (version, retry not before)
         self.current: Served[M] | None = None
         self.last_error: str | None = None
         self.swaps = 0
@@ -50,9 +59,17 @@ class ModelSlot(Generic[M]):
                 return False
             if version is None or (self.current is not None and self.current.version == version):
                 return False
+            if self._refused is not None and self._refused[0] == version and time.monotonic() < self._refused[1]:
+                return False  # last_error still says why
             try:
                 started = time.perf_counter()
                 model = self._load(version)
+            except ArtifactIntegrityError as exc:
+                serving = self.current.version if self.current else None
+                self.last_error = f"refused version {version}: {exc}; still serving {serving}"
+                self._refused = (version, time.monotonic() + self.refused_retry_seconds)
+                log.error(self.last_error)
+                return False
             except Exception as exc:
                 self.last_error = f"loading version {version} failed: {type(exc).__name__}: {exc}"
                 log.exception("loading version %s failed; still serving %s", version,
@@ -62,6 +79,7 @@ class ModelSlot(Generic[M]):
             self.current = Served(version, model, time.time())  # the swap: one reference assignment
             self.swaps += 1
             self.last_error = None
+            self._refused = None
             log.info("serving version %s (was %s; loaded in %.2fs)", version, old, time.perf_counter() - started)
             return True
 

@@ -35,13 +35,13 @@ def airflow_db():
     db.initdb()
 
 
-def _dags(monkeypatch, configs: Path) -> dict:
+def _dags(monkeypatch, configs: Path, retries: int = 0) -> dict:
     from airflow.dag_processing.dagbag import DagBag
 
     monkeypatch.setenv("LATTICE_CONFIGS_DIR", str(configs))
     # a failing task fails the run now, not after back-off (read when the DAG file is parsed;
     # monkeypatch keeps it out of the other test modules)
-    monkeypatch.setenv("LATTICE_AIRFLOW_RETRIES", "0")
+    monkeypatch.setenv("LATTICE_AIRFLOW_RETRIES", str(retries))
     bag = DagBag(dag_folder=str(ROOT / "dags"))
     assert bag.import_errors == {}
     return bag.dags
@@ -51,12 +51,12 @@ def _states(dr) -> dict[str, str]:
     return {ti.task_id: str(ti.state) for ti in dr.get_task_instances()}
 
 
-def _xcom(dr, task_id: str) -> dict:
+def _xcom(dr, task_id: str, key: str = "return_value") -> dict:
     from airflow.models.xcom import XComModel
     from airflow.utils.session import create_session
 
     with create_session() as session:
-        query = XComModel.get_many(run_id=dr.run_id, dag_ids=dr.dag_id, task_ids=task_id, key="return_value")
+        query = XComModel.get_many(run_id=dr.run_id, dag_ids=dr.dag_id, task_ids=task_id, key=key)
         row = session.scalars(query).first()
         assert row is not None, f"no result from {dr.dag_id}.{task_id}"
         return XComModel.deserialize_value(row)
@@ -126,12 +126,96 @@ def test_whole_chain_with_an_added_domain_and_objective(airflow_db, monkeypatch,
     student = _xcom(distill, "register_student")["summary"]
     assert student["model"] == "student" and student["challenger"] is True
 
-    promote = _run(dags["tiny__promote"], {"dry_run": False})  # also records the gate's reasons
-    decision = _xcom(promote, "gate_and_promote")["summary"]
-    (artifacts / "dag_chain_promote.json").write_text(json.dumps(decision, indent=2, default=str))
-    # the gate either moved the champion alias to this student or said why not
-    if decision["passed"]:
-        assert decision["champion_after"] == student["version"]
+    promote = dags["tiny__promote"].test(run_conf={"dry_run": False})
+    # the gate either moved the champion alias to this student (a green run) or failed its task
+    # with the reasons (a red run), keeping the decision in its 'decision' XCom
+    if str(promote.state) == "success":
+        decision = _xcom(promote, "gate_and_promote")["summary"]
+        assert decision["passed"] and decision["champion_after"] == student["version"]
     else:
-        assert [r["message"] for r in decision["reasons"] if not r["passed"]]
+        assert _states(promote) == {"gate_and_promote": "failed"}
+        decision = _xcom(promote, "gate_and_promote", key="decision")["summary"]
+        assert not decision["passed"] and [r["message"] for r in decision["reasons"] if not r["passed"]]
         assert decision["champion_after"] == decision["champion_before"]
+    (artifacts / "dag_chain_promote.json").write_text(json.dumps(decision, indent=2, default=str))
+
+
+def _try_numbers(dr) -> dict[str, int]:
+    return {ti.task_id: ti.try_number for ti in dr.get_task_instances()}
+
+
+def _fake_stage(monkeypatch, name: str, fn) -> None:
+    """Stand in for a registered stage (dag.test() runs the tasks in this process)."""
+    from lattice import stages
+
+    real = stages.get_stage
+    monkeypatch.setattr(stages, "get_stage", lambda n: fn if n == name else real(n))
+
+
+REJECTED = {"passed": False, "decision": "reject", "challenger_version": 2, "champion_before": 1,
+            "champion_after": 1, "dry_run": False, "gate_run_id": "run-1",
+            "reasons": [{"passed": True, "message": "artifact parity 1e-7 <= 1e-4"},
+                        {"passed": False, "message": "feed/click NE 0.912 regresses the champion's 0.880 by more than 0.01"}]}
+
+
+def test_a_rejected_promotion_is_a_failed_run_with_the_reasons(airflow_db, monkeypatch, tmp_path: Path) -> None:
+    """The rejection is visible at a glance: the gate task fails (red run), without retries even
+    though the DAG retries other failures, and its message and 'decision' XCom hold the reasons."""
+    dags = _dags(monkeypatch, _tiny(tmp_path), retries=2)
+    promote = dags["tiny__promote"]
+    assert promote.get_task("gate_and_promote").retries == 2
+    _fake_stage(monkeypatch, "promote", lambda config, paths, dry_run=False: dict(REJECTED))
+    dr = promote.test(run_conf={"dry_run": False})
+    assert str(dr.state) == "failed"
+    assert _states(dr) == {"gate_and_promote": "failed"}
+    assert _try_numbers(dr) == {"gate_and_promote": 1}  # failed at once, not up_for_retry
+    decision = _xcom(dr, "gate_and_promote", key="decision")["summary"]
+    assert decision["reasons"] == REJECTED["reasons"] and decision["champion_after"] == 1
+    # the same DAG with a passing gate is green
+    _fake_stage(monkeypatch, "promote", lambda config, paths, dry_run=False: {**REJECTED, "passed": True,
+                                                                             "champion_after": 2})
+    dr = promote.test(run_conf={"dry_run": False})
+    assert str(dr.state) == "success", _states(dr)
+    assert _xcom(dr, "gate_and_promote")["summary"]["champion_after"] == 2
+
+
+def test_a_config_error_fails_without_retries(airflow_db, monkeypatch, tmp_path: Path) -> None:
+    """A config broken after the DAGs were parsed fails the first task at once (no back-off)."""
+    folder = _tiny(tmp_path)
+    dags = _dags(monkeypatch, folder, retries=2)
+    (folder / "tiny.yaml").write_text((folder / "tiny.yaml").read_text().replace("epochs:", "epoch:"))
+    dr = dags["tiny__features"].test(run_conf={"synthetic_rows": 3000})
+    assert str(dr.state) == "failed"
+    assert _states(dr)["synthesize_raw_logs"] == "failed"
+    assert _try_numbers(dr)["synthesize_raw_logs"] == 1
+    assert _states(dr)["consolidate"] == "upstream_failed"
+
+
+def test_a_domain_subset_run_trains_on_that_subset(airflow_db, monkeypatch, tmp_path: Path) -> None:
+    """The trigger form offers any subset of the domains: the run trains on those domains' rows
+    (the table holds every domain's) and leaves one whole model folder."""
+    from lattice.config import load_config
+    from lattice.data.local_consolidate import consolidate, write_parquet
+    from lattice.orchestration.locations import paths_for
+    from lattice.orchestration.spec import dag_specs, defaults
+    from lattice.orchestration.task_runner import run_task
+
+    if missing := _missing(["synth", "train", "evaluate", "register"]):
+        pytest.skip(f"stages not registered in lattice/stages.py yet: {missing}")
+    folder = _tiny(tmp_path)
+    cfg = folder / "tiny.yaml"
+    config = load_config(cfg)
+    features = next(s for s in dag_specs(config) if s.family == "features")
+    run_task(cfg, features.tasks[0], {**defaults(features), "synthetic_rows": ROWS}, features.params)
+    paths = paths_for(config)
+    table = consolidate(config, paths)  # the local twin of the Spark pipeline: every domain's rows
+    assert set(table["domain"]) == {"feed", "search", "video"}
+    write_parquet(table, paths.consolidated / "part-0.parquet")
+    teacher = _run(_dags(monkeypatch, folder)["tiny__train_teacher"],
+                   {"domains": ["feed", "video"], "objectives": ["click"], "epochs": 1, "nproc": 1})
+    report = json.loads(Path(_xcom(teacher, "evaluate_teacher")["summary"]["report"]).read_text())
+    assert set(report["cells"]) == {"feed/click", "video/click"}
+    model = tmp_path / "work" / "models" / "teacher"
+    assert _heads(model / "model.pt") == {"click"}
+    assert _xcom(teacher, "train_teacher")["summary"]["model_dir"] == str(model)
+    assert not (tmp_path / "work" / ".staging").exists()

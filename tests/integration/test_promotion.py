@@ -119,3 +119,165 @@ def test_promote_without_challenger_says_what_to_run(setup, tmp_path):
 
     with pytest.raises(LookupError, match="lattice distill"):
         promote(config, Paths.for_config(config, tmp_path / "empty"))
+
+
+# ---------------------------------------------------------------- integrity and all-or-nothing promotion
+
+
+def _stored(reg, version):
+    """The version's `model/` folder inside the MLflow artifact store (the local file backend)."""
+    from pathlib import Path
+    from urllib.parse import unquote, urlparse
+
+    return Path(unquote(urlparse(reg.client.get_run(version.run_id).info.artifact_uri).path)) / "model"
+
+
+def _flip_embedding_bytes(model_pt, n: int = 64) -> None:
+    """Flip `n` bytes in the middle of the largest tensor of a TorchScript archive (an embedding
+    table), leaving the zip structure alone: the artifact still loads, a few rows score garbage."""
+    import struct
+    import zipfile
+
+    with zipfile.ZipFile(model_pt) as z:
+        info = max((i for i in z.infolist() if "/data/" in i.filename), key=lambda i: i.file_size)
+    assert info.compress_type == zipfile.ZIP_STORED
+    with open(model_pt, "r+b") as f:
+        f.seek(info.header_offset + 26)
+        name_len, extra_len = struct.unpack("<HH", f.read(4))
+        at = info.header_offset + 30 + name_len + extra_len + info.file_size // 2
+        f.seek(at)
+        chunk = bytes(b ^ 0xFF for b in f.read(n))
+        f.seek(at)
+        f.write(chunk)
+
+
+def _cli_config(config, paths) -> str:
+    import yaml
+
+    cfg_file = paths.workdir / "config.yaml"
+    cfg_file.write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
+    return str(cfg_file)
+
+
+@pytest.mark.slow
+def test_a_flipped_byte_is_rejected_at_the_gate_and_refused_by_serving(tmp_path):
+    from lattice.cli import main
+    from lattice.export.predictor import Predictor
+    from lattice.registry.checksum import ArtifactIntegrityError
+    from lattice.serving.slot import ModelSlot
+
+    config, _ = trained_workdir()
+    paths = copy_workdir(tmp_path / "wd")
+    reg = ModelRegistry(config, paths)
+    v1 = register(config, paths, "student")["version"]
+    first = promote(config, paths)
+    assert first["passed"] and reg.by_alias(CHAMPION).version == v1
+    assert [r for r in first["reasons"] if r["check"] == "artifact_integrity"][0]["passed"]
+
+    # v2: the same student registered again, then 64 bytes of its embedding table flipped where it
+    # is stored and in the (content-keyed, shared with v1) download cache
+    v2 = register(config, paths, "student")["version"]
+    info2 = reg.version(v2)
+    local = reg.download(info2)
+    for folder in (_stored(reg, info2), local):
+        _flip_embedding_bytes(folder / "export" / "model.pt")
+    from lattice.export.window import load_window
+
+    corrupt = Predictor.load(_stored(reg, info2))  # with no registry record to check against, it loads and scores
+    assert all(len(p) for p in corrupt.predict_frame(load_window(config, paths, "test", max_rows=256)).values())
+    assert corrupt.checksum != info2.tags["lattice.checksum"]
+
+    second = promote(config, paths)
+    assert not second["passed"] and second["decision"] == "reject"
+    failed = [r for r in second["reasons"] if not r["passed"]]
+    assert [r["check"] for r in failed] == ["artifact_integrity"]
+    assert f"challenger v{v2}" in failed[0]["message"] and "export/model.pt" in failed[0]["message"]
+    assert reg.by_alias(CHAMPION).version == v1 and reg.by_alias(CHALLENGER).version == v2
+    tags = reg.version(v2).tags
+    assert tags["lattice.gate.decision"] == "reject" and "export/model.pt" in tags["lattice.gate.failed"]
+    assert main(["promote", _cli_config(config, paths), "--workdir", str(paths.workdir)]) == 2  # rejected, not an error
+    assert reg.by_alias(CHAMPION).version == v1
+
+    # serving (the load app.Server uses): v1 is served with the checksum of what it loaded; an
+    # alias forced past the gate to v2 is refused, v1 keeps serving and the reason is reported
+    def load(version: int) -> Predictor:
+        info = reg.version(version)
+        return Predictor.load(reg.download(info), version=info)
+
+    slot = ModelSlot(lambda: reg.by_alias(CHAMPION).version, load)
+    assert slot.refresh() and slot.current.version == v1
+    assert slot.current.model.checksum == reg.version(v1).tags["lattice.checksum"]
+    reg.promote(info2)
+    assert not slot.refresh()
+    assert slot.current.version == v1
+    assert f"refused version {v2}" in slot.last_error and "export/model.pt" in slot.last_error
+    assert not slot.refresh()  # not downloaded again on every poll
+    with pytest.raises(ArtifactIntegrityError, match="export/model.pt"):
+        load(v2)
+
+
+@pytest.mark.slow
+def test_a_lock_after_the_alias_write_leaves_champion_and_history_consistent(tmp_path, monkeypatch):
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    from lattice.cli import main
+    from lattice.registry.client import HISTORY_TAG, PROMOTION_STATUS_TAG
+
+    config, _ = trained_workdir()
+    paths = copy_workdir(tmp_path / "wd")
+    reg = ModelRegistry(config, paths)
+    v1 = register(config, paths, "student")["version"]
+    assert promote(config, paths)["passed"]
+    v2 = register(config, paths, "student")["version"]
+
+    # the database locks right after the champion alias write: the history write fails, once
+    state = {"moved": False, "raised": False}
+    set_alias, set_tag = MlflowClient.set_registered_model_alias, MlflowClient.set_registered_model_tag
+
+    def alias(self, name, alias_name, version):
+        set_alias(self, name, alias_name, version)
+        if alias_name == CHAMPION and str(version) == str(v2):
+            state["moved"] = True
+
+    def tag(self, name, key, value):
+        if state["moved"] and not state["raised"] and key == HISTORY_TAG:
+            state["raised"] = True
+            raise MlflowException("(sqlite3.OperationalError) database is locked")
+        set_tag(self, name, key, value)
+
+    monkeypatch.setattr(MlflowClient, "set_registered_model_alias", alias)
+    monkeypatch.setattr(MlflowClient, "set_registered_model_tag", tag)
+    with pytest.raises(MlflowException, match="database is locked"):
+        main(["promote", _cli_config(config, paths), "--workdir", str(paths.workdir)])  # exits 1
+    assert state["raised"]
+    assert reg.by_alias(CHAMPION).version == v1 and reg.champion_history() == [v1]
+    assert reg.by_alias(CHALLENGER).version == v2
+    assert "lattice.gate.decision" not in reg.version(v2).tags
+    attempts = reg.client.search_runs([reg.experiment_id], f"tags.`lattice.challenger_version` = '{v2}'")
+    assert [(r.data.tags[PROMOTION_STATUS_TAG], r.info.status) for r in attempts] == [("rolled_back", "FAILED")]
+
+    # the lock cleared: the same promotion goes through, record and move together
+    again = promote(config, paths)
+    assert again["passed"] and again["champion_after"] == v2
+    assert reg.by_alias(CHAMPION).version == v2 and reg.champion_history() == [v1, v2]
+    tags = reg.version(v2).tags
+    assert tags["lattice.gate.decision"] == "promote" and tags["lattice.gate.run_id"] == again["gate_run_id"]
+    assert reg.client.get_run(again["gate_run_id"]).data.tags[PROMOTION_STATUS_TAG] == "done"
+
+
+@pytest.mark.slow
+def test_a_missing_registry_is_an_error_for_register_and_promote(tmp_path):
+    from lattice.registry.client import RegistryMissingError
+
+    config, _ = trained_workdir()
+    paths = copy_workdir(tmp_path / "wd")
+    register(config, paths, "student")
+    db = paths.mlflow / "mlflow.db"
+    db.rename(tmp_path / "moved.db")
+    with pytest.raises(RegistryMissingError, match="is missing") as err:
+        promote(config, paths)
+    assert str(db) in str(err.value) and not db.exists()
+    with pytest.raises(RegistryMissingError):
+        register(config, paths, "student")  # distill's register step
+    assert not db.exists()

@@ -123,3 +123,47 @@ def test_a_source_whose_rows_all_fail_is_explained(spark, tmp_path):
     msg = str(err.value)
     assert "domain shop: 0 of 30 rows kept" in msg and "30 quarantined as bad_timestamp" in msg
     assert "source shop_log" in msg and "when=20260102" in msg and "quarantine" in msg
+
+
+def test_bad_values_are_quarantined_with_their_reason(spark, tmp_path):
+    """NaN / Infinity, a value outside a declared range, null-like and non-scalar keys, an id
+    outside an exact-id table: each quarantined with its reason; a huge finite value is kept
+    (the robust dense stats absorb it, tests/unit/test_loader.py)."""
+    bad = {
+        "b1,1,of-1,a,2026010305,NaN,1,train": "bad_value",
+        "b2,1,of-1,a,2026010305,Infinity,1,train": "bad_value",
+        "b3,1,of-1,a,2026010305,-1,1,train": "value_out_of_range",
+        "b4,NULL,of-1,a,2026010305,1,1,train": "null_key",
+        "b5,[1],of-1,a,2026010305,1,1,train": "null_key",
+        "b6,1,of-7,a,2026010305,1,1,train": "bad_id",
+    }
+    lines = [*rows(30), *bad, "b7,1,of-1,a,2026010305,1e308,1,train"]
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "log.csv").write_text("\n".join([HEADER, *lines]) + "\n")
+    data = config_dict(tmp_path / "data")
+    data["features"]["dense"][0]["valid_range"] = [0, None]
+    data["features"]["sparse"][1].update(hashing="none", num_embeddings=104)  # offers 100..103
+    config = write_config(tmp_path, data)
+    from pipelines.consolidate import ingest_and_consolidate
+
+    paths = paths_for(config, tmp_path / "wd")
+    res = ingest_and_consolidate(config, paths)
+    q = read_table(paths.quarantine)
+    got = dict(zip(q.raw.str.split(",").str[0], q.reason))
+    assert got == {line.split(",")[0]: reason for line, reason in bad.items()}
+    df = read_table(paths.consolidated)
+    assert res["totals"]["rows_out"] == 31 and 1e308 in set(df.seen)
+
+
+def test_a_chained_objective_cannot_fire_without_its_given(spark, tmp_path):
+    data = config_dict(tmp_path / "data")
+    data["objectives"].append({"name": "buy", "domains": ["shop"], "given": "visit"})
+    data["sources"][0]["labels"]["buy"] = {"expr": "seen = 2"}
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "log.csv").write_text("\n".join([HEADER, *rows(30)]) + "\n")
+    config = write_config(tmp_path, data)
+    from pipelines.consolidate import ingest_and_consolidate
+
+    res = ingest_and_consolidate(config, paths_for(config, tmp_path / "wd"))
+    # seen = 2 where i % 3 == 2, visited = 0 where i is even: i = 2, 8, 14, 20, 26
+    assert res["quarantine_reasons"] == {"bad_label": 5}

@@ -152,3 +152,174 @@ def test_stage_summaries_become_strict_json() -> None:
 
     out = _jsonable({"ne": float("nan"), "auc": 0.7, ("a", "b"): [float("inf"), Path("/x")], "n": 3})
     assert out == {"ne": None, "auc": 0.7, "('a', 'b')": [None, "/x"], "n": 3}
+
+
+# ---------------------------------------------------------------- settings, retries, gate, subsets
+
+
+def test_scheduled_runs_take_the_synthetic_row_count_from_the_config(tmp_path: Path) -> None:
+    """A scheduled run uses the params' defaults: the row count must be the config's, not a
+    number that lived only in the trigger form (which regenerated 200,000 rows every time)."""
+    cfg_file = write_tiny_config(ROOT / "configs" / "demo.yaml", tmp_path, data_root=tmp_path / "raw",
+                                 workdir=tmp_path / "work", overrides={})
+    data = yaml.safe_load(cfg_file.read_text())
+    data["synthetic"]["rows"] = 1500
+    cfg_file.write_text(yaml.safe_dump(data, sort_keys=False))
+    spec = next(s for s in dag_specs(load_config(cfg_file)) if s.family == "features")
+    assert defaults(spec)["synthetic_rows"] == 1500
+    out = run_task(cfg_file, spec.tasks[0], defaults(spec), spec.params)  # what a scheduled run passes
+    assert out["summary"]["rows"] == 1500
+    # every other param of every DAG defaults to the config too
+    config = load_config(cfg_file)
+    specs = {s.family: defaults(s) for s in dag_specs(config)}
+    assert specs["features"]["start"] == config.time_range.start.isoformat()
+    assert specs["train_teacher"]["epochs"] == config.training.epochs
+    assert specs["distill"]["nproc"] == config.training.nproc
+
+
+def _with_stage(monkeypatch, name: str, fn) -> None:
+    from lattice import stages
+
+    real = stages.get_stage
+    monkeypatch.setitem(stages.STAGES, name, "test:fake")
+    monkeypatch.setattr(stages, "get_stage", lambda n: fn if n == name else real(n))
+
+
+def test_deterministic_errors_are_told_apart_from_retryable_ones(tmp_path: Path, monkeypatch) -> None:
+    from lattice.config import ConfigError, Problem
+    from lattice.orchestration.task_runner import DeterministicError
+    from pipelines.sources import SourceError
+    from pipelines.validate import ValidationFailed
+
+    monkeypatch.setenv("LATTICE_WORKDIR", str(tmp_path / "work"))
+    spec = next(s for s in dag_specs(load_config(ROOT / "configs" / "demo.yaml")) if s.family == "promote")
+    task = spec.tasks[0]
+    raised: list[BaseException] = []
+
+    def failing(config, paths, dry_run=False):
+        raise raised[-1]
+
+    _with_stage(monkeypatch, "promote", failing)
+    for exc in (SourceError("feed_log: no column 'ts'"), ValidationFailed([], None),
+                ConfigError("x.yaml", [Problem("a", 1, "bad")]), RuntimeError("wrapped")):
+        if isinstance(exc, RuntimeError) and not isinstance(exc, ValidationFailed):
+            exc.__cause__ = SourceError("the real cause")  # a deterministic cause counts too
+        raised.append(exc)
+        with pytest.raises(DeterministicError, match="not retried"):
+            run_task(ROOT / "configs" / "demo.yaml", task, defaults(spec), spec.params)
+    raised.append(OSError("the registry is busy"))
+    with pytest.raises(TaskError, match="registry is busy") as info:
+        run_task(ROOT / "configs" / "demo.yaml", task, defaults(spec), spec.params)
+    assert not isinstance(info.value, DeterministicError)  # retried with back-off
+    # an invalid config file and a bad param are deterministic before any stage runs
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: bad\nnot_a_key: 1\n")
+    with pytest.raises(DeterministicError, match="not_a_key"):
+        run_task(bad, task, defaults(spec), spec.params)
+    with pytest.raises(DeterministicError, match="unknown params"):
+        run_task(ROOT / "configs" / "demo.yaml", task, {"epochs": 2}, spec.params)
+
+
+def test_a_rejected_promotion_fails_the_task_with_every_reason(tmp_path: Path, monkeypatch) -> None:
+    from lattice.orchestration.task_runner import GateRejected
+
+    monkeypatch.setenv("LATTICE_WORKDIR", str(tmp_path / "work"))
+    spec = next(s for s in dag_specs(load_config(ROOT / "configs" / "demo.yaml")) if s.family == "promote")
+    task = spec.tasks[0]
+    assert task.gate == "passed"
+    decision = {"passed": False, "decision": "reject", "challenger_version": 4, "champion_before": 3,
+                "champion_after": 3, "dry_run": False, "gate_run_id": "r1",
+                "reasons": [{"passed": True, "message": "export parity ok"},
+                            {"passed": False, "message": "feed/click NE 0.91 > champion 0.88"},
+                            {"passed": False, "message": "p99 latency 12 ms > 10 ms"}]}
+    _with_stage(monkeypatch, "promote", lambda config, paths, dry_run=False: dict(decision))
+    with pytest.raises(GateRejected) as info:
+        run_task(ROOT / "configs" / "demo.yaml", task, defaults(spec), spec.params)
+    message = str(info.value)
+    assert "REJECTED challenger v4" in message and "champion stays v3" in message
+    assert "feed/click NE 0.91 > champion 0.88" in message and "p99 latency 12 ms > 10 ms" in message
+    assert "export parity ok" not in message  # only the failed checks
+    assert info.value.result["summary"]["reasons"] == decision["reasons"]
+    # a pass is a success, and a rollback is never gated
+    _with_stage(monkeypatch, "promote", lambda config, paths, dry_run=False: {**decision, "passed": True})
+    assert run_task(ROOT / "configs" / "demo.yaml", task, defaults(spec), spec.params)["summary"]["passed"] is True
+    _with_stage(monkeypatch, "rollback", lambda config, paths: {"from_version": 3, "to_version": 2})
+    out = run_task(ROOT / "configs" / "demo.yaml", task, {**defaults(spec), "rollback": True}, spec.params)
+    assert out["stage"] == "rollback"
+
+
+def _table(folder: Path, hive: bool) -> None:
+    import pandas as pd
+
+    from lattice.data.local_consolidate import write_parquet
+
+    df = pd.DataFrame({"example_id": [f"e{i}" for i in range(9)], "domain": ["feed", "search", "video"] * 3,
+                       "x": range(9)})
+    if hive:
+        for d, part in df.groupby("domain"):
+            write_parquet(part.drop(columns="domain"), folder / f"domain={d}" / "part-0.parquet")
+    else:
+        write_parquet(df, folder / "part-0.parquet")
+
+
+@pytest.mark.parametrize("hive", [False, True], ids=["flat", "hive"])
+def test_a_domain_subset_reads_only_its_domains_rows(tmp_path: Path, hive: bool) -> None:
+    import pyarrow.dataset as ds
+
+    from lattice.orchestration.narrow import SubsetError
+    from lattice.orchestration.run_paths import subset_table
+    from lattice.paths import Paths
+
+    home = Paths(workdir=tmp_path / "work", data_root=tmp_path / "raw")
+    _table(home.training_set if not hive else home.consolidated, hive)
+    sub = subset_table(home, ["video", "feed"])
+    got = ds.dataset(str(sub), format="parquet", partitioning="hive").to_table().to_pandas()
+    assert sorted(got["domain"].astype(str)) == ["feed"] * 3 + ["video"] * 3
+    assert sorted(got["x"]) == [0, 2, 3, 5, 6, 8]
+    assert subset_table(home, ["feed", "video"]) == sub  # reused while the table is unchanged
+    _table(home.training_set if not hive else home.consolidated, hive)  # the table is rewritten ...
+    again = subset_table(home, ["feed", "video"])
+    assert again != sub and not sub.exists()  # ... so the subset is rebuilt and the stale one removed
+    with pytest.raises(SubsetError, match="no rows of the domains"):
+        subset_table(home, ["shorts"])
+
+
+def test_a_failed_training_keeps_the_previous_model_whole(tmp_path: Path, monkeypatch) -> None:
+    """The model folder is written in a scratch folder and replaces the old one only on success."""
+    monkeypatch.setenv("LATTICE_WORKDIR", str(tmp_path / "work"))
+    spec = next(s for s in dag_specs(load_config(ROOT / "configs" / "demo.yaml")) if s.family == "train_teacher")
+    train = spec.tasks[0]
+    assert train.replaces_model == "teacher"
+    old = tmp_path / "work" / "models" / "teacher"
+    old.mkdir(parents=True)
+    (old / "model.pt").write_text("old weights")
+    (old / "metrics.json").write_text("old metrics")
+    (old / "stale.json").write_text("only the old run wrote this")
+
+    def crashing(config, paths, model, epochs=None, nproc=None):
+        out = paths.model_dir(model)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "metrics.json").write_text("new metrics")
+        raise RuntimeError("rank 1 died")
+
+    _with_stage(monkeypatch, "train", crashing)
+    with pytest.raises(TaskError, match="rank 1 died"):
+        run_task(ROOT / "configs" / "demo.yaml", train, defaults(spec), spec.params)
+    assert {p.name: p.read_text() for p in old.iterdir()} == {
+        "model.pt": "old weights", "metrics.json": "old metrics", "stale.json": "only the old run wrote this"}
+    assert not (tmp_path / "work" / ".staging").exists()
+
+    def training(config, paths, model, epochs=None, nproc=None):
+        out = paths.model_dir(model)
+        assert out != old  # never written in place
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "model.pt").write_text("new weights")
+        (out / "metrics.json").write_text("new metrics")
+        return {"model_dir": str(out), "report": str(paths.reports / "x.json")}
+
+    _with_stage(monkeypatch, "train", training)
+    out = run_task(ROOT / "configs" / "demo.yaml", train, defaults(spec), spec.params)
+    assert {p.name: p.read_text() for p in old.iterdir()} == {"model.pt": "new weights", "metrics.json": "new metrics"}
+    assert out["summary"]["model_dir"] == str(old)  # the summary names where the model ended up
+    assert out["summary"]["report"] == str(tmp_path / "work" / "reports" / "x.json")
+    assert not (tmp_path / "work" / ".staging").exists()

@@ -104,14 +104,51 @@ def test_a_new_config_or_domain_changes_the_dags_without_code(monkeypatch, tmp_p
     assert "shorts" not in bag.dags["demo__features"].params.get_param("domains").schema["items"]["enum"]
 
 
-def test_an_invalid_config_shows_as_a_failing_dag_and_hides_no_other(monkeypatch, tmp_path: Path) -> None:
-    (tmp_path / "demo.yaml").write_text((ROOT / "configs" / "demo.yaml").read_text())
+def test_an_invalid_config_is_an_import_error_naming_its_file_every_problem_and_the_fix(monkeypatch, tmp_path: Path) -> None:
+    """Airflow's import-error banner shows each invalid config, while the valid configs' DAGs stay:
+    the error belongs to a file that holds no DAG, since Airflow hides every DAG of a file with an
+    import error."""
+    demo = (ROOT / "configs" / "demo.yaml").read_text()
+    (tmp_path / "demo.yaml").write_text(demo)
     (tmp_path / "broken.yaml").write_text("name: broken\nnot_a_key: 1\n")
+    data = yaml.safe_load(demo)
+    data["name"] = "typo"
+    data["training"]["epoch"] = data["training"].pop("epochs")  # the typo of the issue
+    data.setdefault("promotion", {})["export_tolerance"] = -1  # and a second problem in the same file
+    (tmp_path / "typo.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+    (tmp_path / "twin.yaml").write_text(demo)  # a second config named 'demo'
+    bag = _bag(monkeypatch, tmp_path)
+    assert set(bag.dag_ids) == {f"demo__{f}" for f in FAMILIES}
+    assert not [d for d in bag.dag_ids if "invalid" in d]
+    [(file, message)] = bag.import_errors.items()
+    assert Path(file).name == "lattice_config_errors.py"
+    assert all(Path(d.fileloc).name == "lattice_dags.py" for d in bag.dags.values())  # never the erroring file
+    assert "3 Lattice platform configs are invalid" in message
+    for name in ("broken.yaml", "typo.yaml", "twin.yaml"):
+        assert str(tmp_path / name) in message  # the user's file, not configs/demo.yaml
+        assert f"Fix: edit {tmp_path / name}" in message
+    assert "unknown key 'not_a_key'" in message and "time_range" in message  # every problem, not the first
+    assert "unknown key 'epoch'; did you mean 'epochs'?" in message and "export_tolerance" in message
+    assert "typo__features, typo__train_teacher, typo__distill, typo__promote are not loaded" in message
+    assert f"{tmp_path / 'demo.yaml'} already uses this name" in message
+    assert "lattice config check" in message
+    # fixed: the error clears and the DAGs are back under the same ids (their history with them)
+    data["training"]["epochs"] = data["training"].pop("epoch")
+    data["promotion"]["export_tolerance"] = 0.001
+    (tmp_path / "typo.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+    for name in ("broken.yaml", "twin.yaml"):
+        (tmp_path / name).unlink()
     bag = _bag(monkeypatch, tmp_path)
     assert bag.import_errors == {}
-    assert "demo__features" in bag.dag_ids
-    broken = bag.dags["broken__invalid_config"]
-    assert "not_a_key" in broken.doc_md and "unknown key" in broken.doc_md
+    assert {f"typo__{f}" for f in FAMILIES} <= set(bag.dag_ids)
+
+
+def test_the_synthetic_row_count_default_is_the_configs(monkeypatch, tmp_path: Path) -> None:
+    data = yaml.safe_load((ROOT / "configs" / "demo.yaml").read_text())
+    data["synthetic"]["rows"] = 4321
+    (tmp_path / "demo.yaml").write_text(yaml.safe_dump(data))
+    features = _bag(monkeypatch, tmp_path).dags["demo__features"]
+    assert features.params.get_param("synthetic_rows").value == 4321  # what a scheduled run uses
 
 
 @pytest.mark.parametrize("conf, message", [

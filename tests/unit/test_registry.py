@@ -98,3 +98,238 @@ def test_decision_is_recorded_on_the_version(config, tmp_path):
 def test_register_without_trained_model_says_what_to_run(config, tmp_path):
     with pytest.raises(FileNotFoundError, match="lattice train"):
         register(config, Paths.for_config(config, tmp_path / "wd"), "teacher")
+
+
+# ---------------------------------------------------------------- integrity, atomic promotion, missing registry
+
+
+def _stored(reg: ModelRegistry, version) -> Path:
+    """The version's `model/` folder inside the MLflow artifact store (the local file backend)."""
+    from urllib.parse import unquote, urlparse
+
+    return Path(unquote(urlparse(reg.client.get_run(version.run_id).info.artifact_uri).path)) / "model"
+
+
+def _flip(path: Path, offset: int = 0, n: int = 1) -> None:
+    data = bytearray(path.read_bytes())
+    for i in range(offset, min(offset + n, len(data))):
+        data[i] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def test_download_verifies_every_file_and_never_trusts_a_changed_cache_entry(config, tmp_path):
+    from lattice.registry.checksum import MANIFEST_FILE, ArtifactIntegrityError, manifest, manifest_digest
+    from lattice.registry.client import MANIFEST_TAG
+
+    paths = Paths.for_config(config, tmp_path / "wd")
+    _fake_model(paths, "student", 0.81, b"student-weights" * 100)
+    register(config, paths, "student")
+    reg = ModelRegistry(config, paths)
+    v = reg.by_alias(CHALLENGER)
+    registered = manifest(paths.model_dir("student"))
+    assert v.tags[MANIFEST_TAG] == manifest_digest(registered)
+    assert json.loads(Path(reg.client.download_artifacts(v.run_id, MANIFEST_FILE, str(tmp_path))).read_text()) == registered
+
+    local = reg.download(v)
+    assert v.tags[MANIFEST_TAG] in str(local)  # keyed by content, not by (name, version)
+    assert manifest(local) == registered
+
+    # a changed byte, a removed file or an extra file in the cache entry: a miss, downloaded again
+    _flip(local / "export" / "model.pt", 3)
+    again = reg.download(v)
+    assert manifest(again) == registered
+    (again / "metrics.json").unlink()
+    (again / "export" / "extra.bin").write_bytes(b"x")
+    assert manifest(reg.download(v)) == registered
+
+    # the stored copy itself changed: refused, naming the file, and nothing is cached
+    _flip(_stored(reg, v) / "export" / "model.pt", 3)
+    _flip(local / "export" / "model.pt", 3)
+    with pytest.raises(ArtifactIntegrityError, match="export/model.pt") as err:
+        reg.download(v)
+    assert err.value.problems == [p for p in err.value.problems if p.startswith("export/model.pt")]
+    assert not local.exists()
+
+
+def test_registration_verifies_the_stored_copy(config, tmp_path, monkeypatch):
+    from mlflow import MlflowClient
+
+    from lattice.registry.checksum import ArtifactIntegrityError
+
+    paths = Paths.for_config(config, tmp_path / "wd")
+    _fake_model(paths, "student", 0.81, b"student-weights")
+    real = MlflowClient.log_artifacts
+
+    def corrupting(self, run_id, local_dir, artifact_path=None):
+        real(self, run_id, local_dir, artifact_path)
+        if artifact_path == "model":  # the store mangles the upload
+            uri = self.get_run(run_id).info.artifact_uri
+            _flip(Path(uri.removeprefix("file://")) / "model" / "export" / "model.pt")
+
+    monkeypatch.setattr(MlflowClient, "log_artifacts", corrupting)
+    with pytest.raises(ArtifactIntegrityError, match="export/model.pt"):
+        register(config, paths, "student")
+    reg = ModelRegistry(config, paths)
+    assert reg.latest("student") is None and reg.by_alias(CHALLENGER) is None  # no version names bad bytes
+    runs = reg.client.search_runs([reg.experiment_id])
+    assert [r.info.status for r in runs] == ["FAILED"]
+
+
+def test_predictor_refuses_bytes_that_are_not_the_registered_ones(config, tmp_path):
+    from lattice.export.predictor import Predictor
+    from lattice.registry.checksum import ArtifactIntegrityError
+
+    paths = Paths.for_config(config, tmp_path / "wd")
+    _fake_model(paths, "student", 0.81, b"student-weights")
+    register(config, paths, "student")
+    reg = ModelRegistry(config, paths)
+    v = reg.by_alias(CHALLENGER)
+    local = reg.download(v)
+    _flip(local / "export" / "model.pt")  # changed after the download was verified
+    with pytest.raises(ArtifactIntegrityError, match="export/model.pt") as err:
+        Predictor.load(local, version=v)  # refused before a byte is deserialised
+    assert f"v{v.version}" in str(err.value)
+    no_record = type(v)(v.name, v.version, v.run_id, v.source, {k: t for k, t in v.tags.items() if k != "lattice.checksum"})
+    with pytest.raises(ArtifactIntegrityError, match="no checksum was recorded"):
+        Predictor.load(local, version=no_record)
+
+
+def test_a_version_registered_before_manifests_is_checked_against_its_checksum(config, tmp_path):
+    from lattice.registry.checksum import ArtifactIntegrityError
+    from lattice.registry.client import MANIFEST_TAG
+
+    paths = Paths.for_config(config, tmp_path / "wd")
+    _fake_model(paths, "student", 0.81, b"student-weights")
+    register(config, paths, "student")
+    reg = ModelRegistry(config, paths)
+    v = reg.by_alias(CHALLENGER)
+    reg.client.delete_model_version_tag(v.name, str(v.version), MANIFEST_TAG)
+    old = reg.version(v.version)
+    assert MANIFEST_TAG not in old.tags
+    local = reg.download(old)
+    assert sha256_path(local / "export") == old.tags["lattice.checksum"]
+    _flip(_stored(reg, old) / "export" / "model.pt")
+    _flip(local / "export" / "model.pt")
+    with pytest.raises(ArtifactIntegrityError, match="export/"):
+        reg.download(old)
+
+
+class _Lock:
+    """Stands in for a locked MLflow database: once armed (right after the champion alias write),
+    the `fail_at`-th registry write raises, once; writes before and after it go through."""
+
+    WRITES = ("set_registered_model_alias", "delete_registered_model_alias", "set_registered_model_tag",
+              "delete_registered_model_tag", "set_model_version_tag", "delete_model_version_tag", "set_tag", "set_terminated")
+
+    def __init__(self, reg: ModelRegistry, monkeypatch, fail_at: int):
+        self.reg, self.fail_at, self.armed, self.writes, self.raised = reg, fail_at, False, 0, False
+        self.pending_at_move: list = []
+        for name in self.WRITES:
+            monkeypatch.setattr(reg.client, name, self._wrap(name, getattr(reg.client, name)))
+
+    def _wrap(self, name, real):
+        from mlflow.exceptions import MlflowException
+
+        def call(*args, **kwargs):
+            if self.armed and not self.raised:
+                self.writes += 1
+                if self.writes == self.fail_at:
+                    self.raised = True
+                    raise MlflowException("(sqlite3.OperationalError) database is locked")
+            out = real(*args, **kwargs)
+            if name == "set_registered_model_alias" and args[1] == CHAMPION and not self.armed:
+                self.armed = True
+                self.pending_at_move = self.reg.client.search_runs(
+                    [self.reg.experiment_id], "tags.`lattice.promotion.status` = 'pending'")
+            return out
+
+        return call
+
+
+def _passing(message: str = "all checks passed") -> dict:
+    return {"decision": "promote", "passed": True, "failed_cells": [], "measurements": {"latency_p99_ms": 1.0},
+            "reasons": [{"check": "ne_vs_champion", "passed": True, "message": message, "cell": None}]}
+
+
+def test_a_failure_after_the_alias_moved_leaves_champion_history_and_record_consistent(config, tmp_path, monkeypatch):
+    from mlflow.exceptions import MlflowException
+
+    from lattice.registry.client import GATE_TAGS, PROMOTION_STATUS_TAG
+
+    paths = Paths.for_config(config, tmp_path / "wd")
+    _fake_model(paths, "student", 0.81, b"student-1")
+    register(config, paths, "student")
+    reg = ModelRegistry(config, paths)
+    reg.record_promotion(reg.version(1), _passing())
+    _fake_model(paths, "student", 0.79, b"student-2")
+    register(config, paths, "student")
+    reg.log_decision(reg.version(2), {**_passing("dry run"), "dry_run": True})  # tags the version before the attempts
+    before = {k: reg.version(2).tags.get(k) for k in GATE_TAGS}
+
+    failures = 0
+    for fail_at in range(1, 50):
+        with monkeypatch.context() as m:
+            lock = _Lock(reg, m, fail_at)
+            try:
+                rid = reg.record_promotion(reg.version(2), _passing())
+            except MlflowException as exc:
+                assert "database is locked" in str(exc)
+            else:
+                assert not lock.raised  # every write after the move has been failed once: it goes through now
+                break
+        failures += 1
+        assert lock.pending_at_move, "the decision must be recorded (pending) before the alias moves"
+        # as before the attempt: the previous champion, its history, the challenger and the version's tags
+        assert reg.by_alias(CHAMPION).version == 1, fail_at
+        assert reg.champion_history() == [1], fail_at
+        assert reg.by_alias(CHALLENGER).version == 2, fail_at
+        assert {k: reg.version(2).tags.get(k) for k in GATE_TAGS} == before, fail_at
+        attempt = reg.client.get_run(lock.pending_at_move[0].info.run_id)
+        assert attempt.data.tags[PROMOTION_STATUS_TAG] == "rolled_back" and attempt.info.status == "FAILED", fail_at
+    assert failures >= 5  # history, challenger alias, the version's gate tags, the run's status, its end
+    assert reg.by_alias(CHAMPION).version == 2 and reg.champion_history() == [1, 2] and reg.by_alias(CHALLENGER) is None
+    tags = reg.version(2).tags
+    assert tags["lattice.gate.decision"] == "promote" and tags["lattice.gate.run_id"] == rid
+    done = reg.client.get_run(rid)
+    assert done.data.tags[PROMOTION_STATUS_TAG] == "done" and done.info.status == "FINISHED"
+
+
+def test_a_failure_after_the_alias_moved_back_undoes_the_rollback(config, tmp_path, monkeypatch):
+    from mlflow.exceptions import MlflowException
+
+    paths = Paths.for_config(config, tmp_path / "wd")
+    reg = ModelRegistry(config, paths)
+    for i in (1, 2):
+        _fake_model(paths, "student", 0.8, f"student-{i}".encode())
+        register(config, paths, "student")
+        reg.promote(reg.version(i))
+    for fail_at in (1, 2):
+        with monkeypatch.context() as m:
+            _Lock(reg, m, fail_at)
+            with pytest.raises(MlflowException, match="locked"):
+                reg.rollback()
+        assert reg.by_alias(CHAMPION).version == 2 and reg.champion_history() == [1, 2]
+        assert "lattice.rolled_back" not in reg.version(2).tags
+    assert reg.rollback() == (2, 1) and reg.champion_history() == [1]
+
+
+def test_a_missing_registry_is_an_error_not_a_new_empty_one(config, tmp_path):
+    from lattice.registry.client import REGISTRY_MARKER, RegistryMissingError
+
+    paths = Paths.for_config(config, tmp_path / "wd")
+    _fake_model(paths, "student", 0.81, b"student-1")
+    register(config, paths, "student")  # the first run creates the registry
+    db = paths.mlflow / "mlflow.db"
+    assert db.is_file() and (paths.mlflow / REGISTRY_MARKER).is_file()
+    db.rename(tmp_path / "mlflow.db.moved")
+    for attempt in (lambda: ModelRegistry(config, paths), lambda: register(config, paths, "student")):
+        with pytest.raises(RegistryMissingError, match="registry.tracking_uri") as err:
+            attempt()
+        assert str(db) in str(err.value)
+        assert not db.exists()  # nothing recreated
+    # a registry from before the marker: its artifacts still show it existed
+    (paths.mlflow / REGISTRY_MARKER).unlink()
+    with pytest.raises(RegistryMissingError, match="artifacts"):
+        ModelRegistry(config, paths)
+    (tmp_path / "mlflow.db.moved").rename(db)  # restored: the same registry, versions intact
+    assert ModelRegistry(config, paths).by_alias(CHALLENGER).version == 1

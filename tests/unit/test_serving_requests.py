@@ -48,6 +48,53 @@ def test_invalid_requests_name_the_problem(config, body, fragment):
     assert fragment in str(exc.value)
 
 
+@pytest.mark.parametrize("body, status, fragment", [
+    (b"\xff{}", 400, "not UTF-8"),
+    (b"[" * 5000, 400, "nested too deeply"),
+    (b'{"domain": "feed", "entities": {"user_id": "\\ud800", "ad_id": 2}}', 400, "not valid Unicode"),
+    (b'{"domain": "feed", "entities": {"user_id": 1, "ad_id": 2}, "features": {"price": NaN}}', 422, "must be a finite number"),
+    (b'{"domain": "feed", "entities": {"user_id": 1, "ad_id": 2}, "features": {"activity": -1e999}}', 422,
+     "feature 'activity' must be a finite number, got -inf"),
+    (b'{"domain": "feed", "entities": {"user_id": 9223372036854775808, "ad_id": 2}}', 422, "entities.user_id"),
+    (b'{"requests": [' + b", ".join([b"{}"] * 1025) + b"]}", 413, "over the limit of 1024 (serving.max_batch)"),
+])
+def test_parse_body_gives_each_problem_its_status(config, body, status, fragment):
+    with pytest.raises(RequestError) as exc:
+        parse_body(body, RequestSchema(config))
+    assert exc.value.status == status and fragment in str(exc.value)
+
+
+@pytest.mark.parametrize("value", [b"NaN", b"Infinity", b"-Infinity", b"1e999", b"-1e999", b'"\\ud800"', b'"\\udc00"',
+                                   b"9223372036854775808", b"-9223372036854775809"])
+def test_the_wire_structs_refuse_what_the_fast_path_does_not_check(value):
+    """A valid body is never given `value_problem`'s pass: msgspec itself must keep refusing
+    non-finite numbers, unpaired surrogates and integers outside int64 (if an upgrade changed
+    that, such values would reach the model)."""
+    import msgspec
+
+    from lattice.serving.requests import WireRequest
+
+    for body in (b'{"domain": "feed", "entities": {"user_id": %s, "ad_id": 2}}' % value,
+                 b'{"domain": "feed", "entities": {"user_id": 1, "ad_id": 2}, "features": {"price": %s}}' % value):
+        with pytest.raises((msgspec.DecodeError, msgspec.ValidationError)):
+            msgspec.convert(msgspec.json.decode(body), WireRequest)
+
+
+def test_check_applies_the_value_rules_to_a_pydantic_request(config):
+    schema = RequestSchema(config)
+    ok = PredictRequest(domain="feed", entities={"user_id": 2**63 - 1, "ad_id": -(2**63)}, features={"price": 1e300})
+    schema.check(ok)
+    for req, fragment in [
+        (ok.model_copy(update={"entities": {"user_id": 2**63, "ad_id": 1}}), "entities.user_id: 9223372036854775808 does not fit"),
+        (ok.model_copy(update={"features": {"position": -(2**63) - 1}}), "features.position"),
+        (ok.model_copy(update={"features": {"price": float("nan")}}), "feature 'price' must be a finite number, got nan"),
+        (ok.model_copy(update={"features": {"activity": float("inf")}}), "feature 'activity' must be a finite number"),
+    ]:
+        with pytest.raises(RequestError) as exc:
+            schema.check(req, index=3)
+        assert str(exc.value).startswith("requests[3]: ") and fragment in str(exc.value)
+
+
 def test_request_rows_follow_the_consolidation_contract(config):
     from lattice.data import schema as S
 
