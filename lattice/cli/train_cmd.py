@@ -50,9 +50,13 @@ def _train(args: argparse.Namespace) -> int:
         try:
             s = train(config, paths, model=name, nproc=args.nproc, epochs=args.epochs, teacher_scores=args.teacher_scores,
                       seed=args.seed, resume=args.resume)
-        except NoTrainingData as exc:
+        except (NoTrainingData, FileNotFoundError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 1
+        except KeyboardInterrupt:
+            print(f"\ninterrupted: {name} stopped; `lattice train {args.config} --model {name} --resume` continues "
+                  f"from its last checkpoint (every {config.training.checkpoint_every} steps)", file=sys.stderr)
+            return 130
         print(f"trained {name} on {s['world_size']} rank(s) in {s['seconds']:.0f}s: best epoch {s['best_epoch']}, "
               f"{s['cost']['params']:,} params, {s['cost']['flops_per_example']:,.0f} FLOPs/example -> {s['model_dir']}")
         results[name] = json.loads((paths.model_dir(name) / "metrics.json").read_text())

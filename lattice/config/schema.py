@@ -429,6 +429,9 @@ class Training(Strict):
     )
     """TorchRec sharding kinds the planner may choose from for each embedding table. Without CUDA
     `row_wise` is dropped (gloo has no reduce-scatter)."""
+    checkpoint_every: int = Field(default=1000, ge=0)
+    """Optimizer steps between checkpoints inside an epoch (0: at epoch ends only), so a killed or
+    interrupted run resumes (`--resume`) from its last step rather than its last epoch."""
     seed: int = 0
     """Seeds model initialization and the per-epoch shuffle of the train split, so a rerun with the
     same ranks and workers sees the same batches."""
@@ -492,7 +495,8 @@ class Promotion(Strict):
     """ε: the student's macro NE may exceed its teacher's by at most this (relative)."""
     max_latency_ms: float = Field(default=10.0, gt=0)
     """Budget for the exported student's single-request p99 latency in milliseconds (encoding +
-    forward, measured over 200 one-row requests when promoting)."""
+    forward, measured over 200 one-row requests when promoting). Judged on CPU time, which other
+    jobs on the machine do not inflate; the wall-clock p50/p99 are recorded beside it."""
     max_artifact_mb: float = Field(default=200.0, gt=0)
     """Budget for the exported student's size on disk, in MiB."""
     floors: Floors = Field(default_factory=Floors)
@@ -558,8 +562,8 @@ class Serving(Strict):
     """Most requests in one `{"requests": [...]}` batch; a larger batch is answered 413 naming the
     limit, before any request in it is validated or scored. Split bigger workloads, or score them
     offline with `lattice predict`."""
-    auth_token_env: str | None = None
-    """Name of an environment variable holding the token that `POST /predict` and `GET /metadata`
+    auth_token_env: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    """Name of an environment variable (e.g. `LATTICE_SERVING_TOKEN`) holding the token that `POST /predict` and `GET /metadata`
     require, sent as `Authorization: Bearer <token>` or `X-API-Key: <token>` (401 otherwise).
     `GET /healthz` stays open for load balancers. The server does not start when the variable is
     unset or empty. Unset here: no authentication. Never put the token itself in the config."""

@@ -41,9 +41,13 @@ def latency_ms(predictor, frame: pd.DataFrame, iterations: int = 200) -> dict[st
     rows = [table.slice(i % table.num_rows, 1) for i in range(iterations)]
     for r in rows[:10]:
         predictor.predict_table(r)
-    times = []
+    times, cpu = [], []
     for r in rows:
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         predictor.predict_table(r)
         times.append((time.perf_counter() - t) * 1e3)
-    return {"p50_ms": float(np.percentile(times, 50)), "p99_ms": float(np.percentile(times, 99))}
+        cpu.append((time.process_time() - c) * 1e3)
+    # wall time says what a caller waits on this machine now; CPU time says what the model costs,
+    # and stays put when other jobs load the machine (wall p99 read 62-73 ms under load, 0.75 ms idle)
+    return {"p50_ms": float(np.percentile(times, 50)), "p99_ms": float(np.percentile(times, 99)),
+            "cpu_p50_ms": float(np.percentile(cpu, 50)), "cpu_p99_ms": float(np.percentile(cpu, 99))}

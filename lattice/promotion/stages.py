@@ -117,7 +117,7 @@ def promote(config: PlatformConfig, paths: Paths, dry_run: bool = False, max_row
     tolerance = config.promotion.int8_tolerance if ch.metadata.get("int8_embeddings") else config.promotion.export_tolerance
     inputs = GateInputs(
         challenger=ch_cells, champion=champ_cells, student_macro_ne=macro_ne(ch_cells), teacher_macro_ne=teacher_macro,
-        export_max_abs_diff=parity, export_tolerance=tolerance, latency_p99_ms=lat["p99_ms"], artifact_mb=mb,
+        export_max_abs_diff=parity, export_tolerance=tolerance, latency_p99_ms=lat["cpu_p99_ms"], artifact_mb=mb,
     )
     decision = decide(config.promotion, inputs).to_dict()
     decision["reasons"].insert(0, asdict(integrity_ok))
@@ -125,7 +125,8 @@ def promote(config: PlatformConfig, paths: Paths, dry_run: bool = False, max_row
         "window_rows": len(window), "student_macro_ne": inputs.student_macro_ne,
         "teacher_macro_ne": teacher_macro if teacher_macro is not None else float("nan"),
         "champion_macro_ne": macro_ne(champ_cells) if champ_cells else float("nan"),
-        "export_max_abs_diff": parity, "latency_p50_ms": lat["p50_ms"], "latency_p99_ms": lat["p99_ms"], "artifact_mb": mb,
+        "export_max_abs_diff": parity, "latency_p50_ms": lat["p50_ms"], "latency_p99_ms": lat["p99_ms"],
+        "cpu_latency_p50_ms": lat["cpu_p50_ms"], "cpu_latency_p99_ms": lat["cpu_p99_ms"], "artifact_mb": mb,
     }
     for (d, o), m in ch_cells.items():
         measurements[f"challenger.{d}.{o}.ne"] = m.ne

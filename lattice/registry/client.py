@@ -33,11 +33,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from lattice.registry.checksum import (MANIFEST_FILE, ArtifactIntegrityError, compare, manifest, manifest_digest,
-                                       read_manifest, sha256_path, write_manifest)
-
 from lattice.config import PlatformConfig
 from lattice.paths import Paths
+from lattice.registry.checksum import (MANIFEST_FILE, ArtifactIntegrityError, compare, manifest, manifest_digest,
+                                       read_manifest, sha256_path, write_manifest)
 
 log = logging.getLogger(__name__)
 
@@ -234,7 +233,7 @@ class ModelRegistry:
                 elif Path(path).exists():
                     self.client.log_artifact(rid, str(path), name)
             # verified when registered: what the store holds is what was hashed (and now cached)
-            self._fetch(digest, f"{run.info.artifact_uri}/model", rid, f"{model} (run {rid}) as stored")
+            self._fetch(digest, f"{run.info.artifact_uri}/model", rid, f"{model} (run {rid}) as stored", fresh=True)
             self.client.set_terminated(rid, "FINISHED")
         except Exception:
             self.client.set_terminated(rid, "FAILED")
@@ -338,8 +337,9 @@ class ModelRegistry:
     def _cache(self) -> Path:
         return self.paths.mlflow / "cache"
 
-    def _fetch(self, digest: str, source: str, run_id: str, what: str) -> Path:
-        """Cache entry `sha256-<digest>/` (`model/` and its `manifest.json`), keyed by content."""
+    def _fetch(self, digest: str, source: str, run_id: str, what: str, fresh: bool = False) -> Path:
+        """Cache entry `sha256-<digest>/` (`model/` and its `manifest.json`), keyed by content.
+        `fresh`: download and verify this run's stored copy even if the content is cached."""
 
         def problems(entry: Path) -> list[str]:
             expected = read_manifest(entry / MANIFEST_FILE, digest)
@@ -348,7 +348,7 @@ class ModelRegistry:
         def extra(tmp: Path) -> None:
             self._download_to(tmp, run_id=run_id, artifact_path=MANIFEST_FILE)
 
-        return self._cached(self._cache / f"sha256-{digest}", source, what, problems, extra)
+        return self._cached(self._cache / f"sha256-{digest}", source, what, problems, extra, fresh)
 
     def _fetch_unmanifested(self, version: VersionInfo, what: str) -> Path:
         """A version registered before manifests: checked against its recorded folder checksum
@@ -369,12 +369,15 @@ class ModelRegistry:
         return self._cached(self._cache / f"legacy-{version.run_id}-{checksum}", version.source, what, problems, None)
 
     def _cached(self, entry: Path, source: str, what: str, problems: Callable[[Path], list[str]],
-                extra: Callable[[Path], None] | None) -> Path:
-        if entry.exists():
+                extra: Callable[[Path], None] | None, fresh: bool = False) -> Path:
+        def check(folder: Path) -> list[str]:
             try:
-                bad = problems(entry) if (entry / "model").is_dir() else ["model/: missing"]
+                return problems(folder) if (folder / "model").is_dir() else ["model/: missing"]
             except ArtifactIntegrityError as exc:
-                bad = exc.problems
+                return exc.problems
+
+        if entry.exists() and not fresh:
+            bad = check(entry)
             if not bad:
                 return entry / "model"
             log.warning("the cached copy of %s at %s does not match its registration (%s); downloading it again",
@@ -389,16 +392,18 @@ class ModelRegistry:
                 got.rename(tmp / "model")
             if extra is not None:
                 extra(tmp)
-            try:
-                bad = problems(tmp)
-            except ArtifactIntegrityError as exc:
-                bad = exc.problems
+            bad = check(tmp)
             if bad:
                 raise ArtifactIntegrityError(f"{what} (stored at {source})", bad)
             try:
                 tmp.rename(entry)  # atomic: a concurrent reader never sees half a download
-            except OSError:
-                pass  # another process won the race; its entry is verified on its next use
+            except OSError:  # an entry is there (another process won the race, or `fresh`)
+                if check(entry):  # ... and it does not verify: ours replaces it
+                    self._discard(entry)
+                    try:
+                        tmp.rename(entry)
+                    except OSError:
+                        raise ArtifactIntegrityError(what, [f"{entry}: replaced concurrently by a copy that does not verify"]) from None
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         return entry / "model"

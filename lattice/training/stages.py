@@ -39,7 +39,7 @@ def _free_port() -> int:
 
 def train(config: PlatformConfig, paths: Paths, model: str = "teacher", nproc: int | None = None, epochs: int | None = None,
           teacher_scores: str | Path | None = None, seed: int | None = None, resume: bool = False,
-          checkpoint_every: int = 0, stop_after: int | None = None, progress: bool = True) -> dict:
+          checkpoint_every: int | None = None, stop_after: int | None = None, progress: bool = True) -> dict:
     """Train one model (teacher | student | separate | pooled | mmoe | shared_bottom, optionally
     'kind@tag'). `teacher_scores`: parquet of example_id + p_<objective> (distillation)."""
     kind_of(model)
@@ -49,6 +49,9 @@ def train(config: PlatformConfig, paths: Paths, model: str = "teacher", nproc: i
     if teacher_scores is not None and not Path(teacher_scores).exists():
         raise FileNotFoundError(f"teacher scores {teacher_scores} do not exist; make them with "
                                 f"lattice.training.stages.score(config, paths, 'teacher')")
+    if resume and not any((out / "checkpoint").glob("rank*.pt")):
+        raise FileNotFoundError(f"--resume: no checkpoint of {model!r} under {out / 'checkpoint'}; "
+                                "train without --resume to start from scratch")
     if not resume:
         shutil.rmtree(out / "checkpoint", ignore_errors=True)
     for stale in ("summary.json",):
@@ -60,7 +63,8 @@ def train(config: PlatformConfig, paths: Paths, model: str = "teacher", nproc: i
     spec = RunSpec(
         config=config.model_dump(mode="json"), workdir=str(paths.workdir), data_root=str(paths.data_root), model=model,
         epochs=epochs or config.training.epochs, seed=config.training.seed if seed is None else seed, table=str(table),
-        teacher_scores=str(Path(teacher_scores).resolve()) if teacher_scores else None, checkpoint_every=checkpoint_every,
+        teacher_scores=str(Path(teacher_scores).resolve()) if teacher_scores else None,
+        checkpoint_every=config.training.checkpoint_every if checkpoint_every is None else checkpoint_every,
         stop_after=stop_after, resume=resume, progress=progress,
     )
     spec_path = spec.save(out / "run_spec.json")

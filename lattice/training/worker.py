@@ -15,6 +15,9 @@ if __name__ == "__main__":
 
     try:
         run(RunSpec.load(Path(sys.argv[1])))
+    except KeyboardInterrupt:
+        # Ctrl-C reaches every rank: one quiet exit each; the parent says how to resume
+        sys.exit(130)
     except Exception:
         # through logging, so a relayed traceback reads as ERROR line by line, not as stray stderr
         logging.getLogger("lattice.training.worker").exception("rank failed")

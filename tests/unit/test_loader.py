@@ -188,3 +188,11 @@ def test_one_absurd_value_moves_neither_the_mean_nor_the_scale() -> None:
     assert stats["dirty"].std[0] == pytest.approx(stats["clean"].std[0], rel=0.05)
     z = stats["dirty"].apply({"price": np.array([1e308, clean[0], np.nan])}, 3)[:, 0]
     assert np.isfinite(z).all() and z[0] < 10 and abs(z[1]) < 5
+
+
+def test_resume_without_a_checkpoint_is_an_error_not_a_fresh_start(table) -> None:
+    from lattice.training.stages import train
+
+    cfg, paths, _, _ = table
+    with pytest.raises(FileNotFoundError, match="no checkpoint of 'teacher'.*without --resume"):
+        train(cfg, paths, model="teacher", nproc=1, resume=True, progress=False)
