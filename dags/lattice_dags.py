@@ -60,7 +60,7 @@ def _task(config_file: str, spec: DagSpec, t: TaskSpec, outlets: list[Asset]):
             context["ti"].xcom_push(key="decision", value=exc.result)
             raise AirflowFailException(str(exc)) from exc
         except DeterministicError as exc:
-            raise  # MUTATION: a retry would fail the same way
+            raise AirflowFailException(str(exc)) from exc  # failed now: a retry would fail the same way
 
     return run_stage()
 

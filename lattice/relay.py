@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -80,14 +81,38 @@ def _pump(stream: IO[str], log: logging.Logger, default: int, tail: deque[str] |
             tail.append(line)
 
 
+def _kill_tree(proc: subprocess.Popen) -> None:
+    """End the child's whole session (torchrun and its ranks). Checkpoints are written to a
+    temporary file and renamed, so a kill mid-save leaves the previous one intact."""
+    import psutil
+
+    try:  # torchrun starts each rank in a session of its own: collect the tree before killing it
+        tree = [proc.pid] + [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        tree = [proc.pid]
+    for pid in tree:
+        try:
+            os.killpg(os.getpgid(pid), signal.SIGKILL) if pid == proc.pid else os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    proc.wait()
+
+
 def run_child(cmd: list[str], env: dict[str, str], log: logging.Logger, tail_lines: int = 40) -> tuple[int, list[str]]:
     """Run `cmd` to its end; returns (exit code, the last `tail_lines` lines of its stderr).
     On a terminal the child inherits it (rank 0 draws its bar there) and the tail is empty."""
+    # Its own session: a Ctrl-C on the terminal reaches this process only, which then takes the
+    # whole tree down at once, instead of torchrun and every rank each printing a traceback.
     if is_terminal(sys.stderr):
-        return subprocess.run(cmd, env=env).returncode, []
+        proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+        try:
+            return proc.wait(), []
+        except BaseException:
+            _kill_tree(proc)
+            raise
     tail: deque[str] = deque(maxlen=tail_lines)
     proc = subprocess.Popen(cmd, env={**env, ENV: "1", "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, errors="replace")
+                            stderr=subprocess.PIPE, text=True, errors="replace", start_new_session=True)
     assert proc.stdout is not None and proc.stderr is not None
     # daemon: after an interrupt, a rank left holding a pipe must not keep this process alive
     pumps = [threading.Thread(target=_pump, args=(proc.stdout, log, logging.INFO, None), daemon=True),
@@ -97,7 +122,7 @@ def run_child(cmd: list[str], env: dict[str, str], log: logging.Logger, tail_lin
     try:
         code = proc.wait()
     except BaseException:  # as subprocess.run does: an interrupted wait takes the child down
-        proc.kill()
+        _kill_tree(proc)
         raise
     for t in pumps:
         t.join()

@@ -562,9 +562,10 @@ class Serving(Strict):
     """Most requests in one `{"requests": [...]}` batch; a larger batch is answered 413 naming the
     limit, before any request in it is validated or scored. Split bigger workloads, or score them
     offline with `lattice predict`."""
-    auth_token_env: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
-    """Name of an environment variable (e.g. `LATTICE_SERVING_TOKEN`) holding the token that `POST /predict` and `GET /metadata`
-    require, sent as `Authorization: Bearer <token>` or `X-API-Key: <token>` (401 otherwise).
+    auth_token_env: str | None = None
+    """Name of an environment variable (e.g. `LATTICE_SERVING_TOKEN`) holding the token that
+    `POST /predict` and `GET /metadata` require, sent as `Authorization: Bearer <token>` or
+    `X-API-Key: <token>` (401 otherwise).
     `GET /healthz` stays open for load balancers. The server does not start when the variable is
     unset or empty. Unset here: no authentication. Never put the token itself in the config."""
     access_log: bool = True

@@ -81,10 +81,13 @@ def serving_check(config: PlatformConfig, paths: Paths, n_requests: int = 300) -
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     try:
         _wait_ready(url, proc)
-        meta = httpx.get(url + "/metadata", timeout=10).json()
+        # a config that turns serving auth on gets its token sent, as any client would
+        token = os.environ.get(config.serving.auth_token_env or "", "")
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        meta = httpx.get(url + "/metadata", timeout=10, headers=headers).json()
         latencies, got = [], {o: [] for o in config.objective_names}
         failures = 0
-        with httpx.Client(timeout=30) as client:
+        with httpx.Client(timeout=30, headers=headers) as client:
             for req in reqs[:3]:  # warm-up: the first calls pay for lazy initialisation, not serving
                 client.post(url + "/predict", json=req)
             for req in reqs:  # one request at a time, as a ranking service would call it
@@ -98,7 +101,7 @@ def serving_check(config: PlatformConfig, paths: Paths, n_requests: int = 300) -
                 for o in config.objective_names:
                     got[o].append(pred["probabilities"][o])
             t = time.perf_counter()
-            batch = client.post(url + "/predict", json={"requests": reqs})
+            batch = client.post(url + "/predict", json={"requests": reqs[:config.serving.max_batch]})
             batch_ms = (time.perf_counter() - t) * 1000
         diff = max(float(np.max(np.abs(np.array(got[o]) - want[o]))) for o in config.objective_names) if not failures else float("nan")
         return {

@@ -12,8 +12,8 @@ walks back; MLflow keeps only the current alias target.
 Integrity: at registration every file of the model folder is hashed (a manifest, logged next to
 `model/` as `manifest.json`, its digest a tag on the run and the version), and the stored copy is
 downloaded back and checked before the version exists. The download cache is keyed by that
-digest and re-verified on every use; a changed file is a miss (downloaded again), and a stored
-copy that does not match is an `ArtifactIntegrityError` naming the files.
+digest (and the run) and re-verified on every use; a changed file is a miss (downloaded again),
+and a stored copy that does not match is an `ArtifactIntegrityError` naming the files.
 
 Promotion and rollback are all-or-nothing: the decision run is written (pending) before the
 alias moves, and a failure after the move puts the alias, the history and the tags back.
@@ -233,7 +233,7 @@ class ModelRegistry:
                 elif Path(path).exists():
                     self.client.log_artifact(rid, str(path), name)
             # verified when registered: what the store holds is what was hashed (and now cached)
-            self._fetch(digest, f"{run.info.artifact_uri}/model", rid, f"{model} (run {rid}) as stored", fresh=True)
+            self._fetch(digest, f"{run.info.artifact_uri}/model", rid, f"{model} (run {rid}) as stored")
             self.client.set_terminated(rid, "FINISHED")
         except Exception:
             self.client.set_terminated(rid, "FAILED")
@@ -337,9 +337,10 @@ class ModelRegistry:
     def _cache(self) -> Path:
         return self.paths.mlflow / "cache"
 
-    def _fetch(self, digest: str, source: str, run_id: str, what: str, fresh: bool = False) -> Path:
-        """Cache entry `sha256-<digest>/` (`model/` and its `manifest.json`), keyed by content.
-        `fresh`: download and verify this run's stored copy even if the content is cached."""
+    def _fetch(self, digest: str, source: str, run_id: str, what: str) -> Path:
+        """Cache entry `<run id>-sha256-<digest>/` (`model/` and its `manifest.json`): keyed by the
+        content and by the run whose stored copy it is, so each version's own copy (the one every
+        other server downloads) is what gets verified, and a new registry's run never hits an old entry."""
 
         def problems(entry: Path) -> list[str]:
             expected = read_manifest(entry / MANIFEST_FILE, digest)
@@ -348,7 +349,7 @@ class ModelRegistry:
         def extra(tmp: Path) -> None:
             self._download_to(tmp, run_id=run_id, artifact_path=MANIFEST_FILE)
 
-        return self._cached(self._cache / f"sha256-{digest}", source, what, problems, extra, fresh)
+        return self._cached(self._cache / f"{run_id}-sha256-{digest}", source, what, problems, extra)
 
     def _fetch_unmanifested(self, version: VersionInfo, what: str) -> Path:
         """A version registered before manifests: checked against its recorded folder checksum
@@ -366,17 +367,17 @@ class ModelRegistry:
                 return [f"{sub or 'model'}/: missing or empty"]
             return [] if got == checksum else [f"{sub or 'model'}/: sha256 {got[:16]}… differs from the registered {checksum[:16]}…"]
 
-        return self._cached(self._cache / f"legacy-{version.run_id}-{checksum}", version.source, what, problems, None)
+        return self._cached(self._cache / f"{version.run_id}-legacy-{checksum}", version.source, what, problems, None)
 
     def _cached(self, entry: Path, source: str, what: str, problems: Callable[[Path], list[str]],
-                extra: Callable[[Path], None] | None, fresh: bool = False) -> Path:
+                extra: Callable[[Path], None] | None) -> Path:
         def check(folder: Path) -> list[str]:
             try:
                 return problems(folder) if (folder / "model").is_dir() else ["model/: missing"]
             except ArtifactIntegrityError as exc:
                 return exc.problems
 
-        if entry.exists() and not fresh:
+        if entry.exists():
             bad = check(entry)
             if not bad:
                 return entry / "model"
@@ -397,7 +398,7 @@ class ModelRegistry:
                 raise ArtifactIntegrityError(f"{what} (stored at {source})", bad)
             try:
                 tmp.rename(entry)  # atomic: a concurrent reader never sees half a download
-            except OSError:  # an entry is there (another process won the race, or `fresh`)
+            except OSError:  # another process won the race
                 if check(entry):  # ... and it does not verify: ours replaces it
                     self._discard(entry)
                     try:

@@ -54,6 +54,7 @@ def _validation_message(exc: ValidationError, prefix: str = "") -> list[str]:
     out = []
     for e in exc.errors():
         loc = prefix + ".".join(str(p) for p in e["loc"] if not str(p).startswith(("function-", "union[")))
+        loc = loc if len(loc) <= 200 else loc[:200] + "..."  # a field name is the client's text too
         kind = e["type"]
         if kind == "extra_forbidden":
             msg = "unknown field; allowed fields are domain, entities, features, request_id (or 'requests': [...] for a batch)"
@@ -129,7 +130,7 @@ def parse_body(raw: bytes, schema: RequestSchema) -> tuple[list, bool]:
                 reqs, batch = [msgspec.convert(body, WireRequest)], False
         except (msgspec.DecodeError, msgspec.ValidationError):
             # raises with the message, or accepts what msgspec would not (then checked for what
-            # the wire structs would have refused: ints outside int64)
+            # the wire structs refuse by decoding: ints outside int64, NaN and infinities)
             reqs, batch = _parse_slow(raw, schema.max_batch)
             schema.check_all(reqs, batch, values=True)
             return reqs, batch
@@ -156,27 +157,34 @@ def _auth_token(env_name: str | None) -> bytes | None:
 _AUTH_HINT = "send 'Authorization: Bearer <token>' or 'X-API-Key: <token>'"
 
 
+def _header(request: Request, name: bytes) -> bytes | None:
+    """One raw header value (ASGI names are lower-case bytes), without building Starlette's
+    `Headers`: the checks below run on every request."""
+    for key, value in request.scope["headers"]:
+        if key == name:
+            return value
+    return None
+
+
 def _credentials_problem(request: Request, token: bytes) -> str | None:
     """Why this request is not authorized, or None. Either header may carry the token; each
-    candidate is compared in constant time."""
-    headers = request.headers
+    candidate is compared, as the bytes the client sent, in constant time."""
     given = []
-    key = headers.get("x-api-key")
+    key = _header(request, b"x-api-key")
     if key is not None:
         given.append(key.strip())
-    auth = headers.get("authorization")
+    auth = _header(request, b"authorization")
     if auth is not None:
-        scheme, _, value = auth.strip().partition(" ")
-        if scheme.lower() == "bearer":
+        scheme, _, value = auth.strip().partition(b" ")
+        if scheme.lower() == b"bearer":
             given.append(value.strip())
         elif key is None:
             return f"unsupported Authorization scheme; {_AUTH_HINT}"
     if not given:
         return f"missing credentials; {_AUTH_HINT}"
-    # header values arrive as latin-1 text: back to the bytes the client sent
     ok = False
     for g in given:
-        ok |= hmac.compare_digest(g.encode("latin-1"), token)
+        ok |= hmac.compare_digest(g, token)
     return None if ok else "invalid token"
 
 
@@ -186,7 +194,7 @@ def _unauthorized(message: str) -> JSONResponse:
 
 async def _read_body(request: Request, limit: int) -> bytes:
     """The body, refused (413) from its Content-Length or as soon as the stream passes `limit`."""
-    length = request.headers.get("content-length")
+    length = _header(request, b"content-length")
     if length is not None:
         try:
             declared = int(length)
@@ -203,7 +211,7 @@ async def _read_body(request: Request, limit: int) -> bytes:
             raise RequestError(None, f"body is over the limit of {limit} bytes (serving.max_body_bytes); "
                                      "send smaller batches", status=413)
         chunks.append(chunk)
-    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+    return b"".join(chunks)
 
 
 class AccessLog:

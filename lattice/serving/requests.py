@@ -111,9 +111,9 @@ class RequestSchema:
         self.max_batch = config.serving.max_batch
 
     def problem(self, req) -> str | None:
-        """What is wrong with one request under this config, or None. The only copy of the rules:
-        a valid request costs one pass of set lookups, and a message is built only for an
-        invalid one."""
+        """What is wrong with one request under this config, or None. The only copy of the rules
+        (with `value_problem`, the value rules the wire structs apply while decoding): a valid
+        request costs one pass of set lookups, and a message is built only for an invalid one."""
         if req.domain not in self._domains:
             return f"unknown domain {short(req.domain)}; use one of {self.domains}"
         if req.entities.keys() != self._entities:

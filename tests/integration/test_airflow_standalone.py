@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import time
 from pathlib import Path
 from urllib.parse import unquote
 
@@ -26,6 +27,10 @@ CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic
                   "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 FEATURE_STAGES = ["synth", "consolidate", "aggregates", "feast_apply", "training_set", "materialize"]
 ROWS = 6000
+REJECTED = {"passed": False, "decision": "reject", "challenger_version": 2, "champion_before": 1,
+            "champion_after": 1, "dry_run": False, "gate_run_id": "run-1",
+            "reasons": [{"passed": True, "message": "artifact parity 1e-7 <= 1e-4"},
+                        {"passed": False, "message": "feed/click NE 0.912 regresses the champion's 0.880 by more than 0.01"}]}
 
 pytestmark = pytest.mark.slow
 
@@ -46,8 +51,19 @@ def airflow(tmp_path_factory, artifacts: Path):
     # manual runs only: an unpaused DAG must not start a scheduled or asset-triggered run of its own
     data["schedules"] = {f: {} for f in ("features", "train_teacher", "distill", "promote")}
     cfg.write_text(yaml.safe_dump(data, sort_keys=False))
+    # a second config with a typo: an import error in the banner, and tiny's DAGs unaffected
+    (tmp / "configs" / "broken.yaml").write_text(cfg.read_text().replace("name: tiny", "name: broken")
+                                                 .replace("epochs:", "epoch:"))
+    # the promote stage answers with a rejection (a real one needs a trained champion and challenger):
+    # every Airflow process of this standalone imports sitecustomize at start, and tasks fork from them
+    fake = tmp / "fake_stages"
+    fake.mkdir()
+    (fake / "lattice_fake_promote.py").write_text(
+        "REJECTED = " + repr(REJECTED) + "\n\ndef promote(config, paths, dry_run=False):\n    return dict(REJECTED)\n")
+    (fake / "sitecustomize.py").write_text(
+        "import lattice.stages\nlattice.stages.STAGES['promote'] = 'lattice_fake_promote:promote'\n")
     sa = standalone.start(tmp / "home", port=free_port(), configs_dir=tmp / "configs",
-                          extra_env={"LATTICE_AIRFLOW_RETRIES": "0"})
+                          extra_env={"LATTICE_AIRFLOW_RETRIES": "0", "PYTHONPATH": str(fake)})
     try:
         standalone.wait_ready(sa, timeout=300)
         user, password = sa.credentials()
@@ -84,6 +100,45 @@ def test_rest_refuses_invalid_params_with_a_message(airflow) -> None:
     assert "'tv' is not one of ['feed', 'search', 'video']" in resp.json()["detail"]
     resp = client.trigger("tiny__train_teacher", {"epochs": 0})
     assert resp.status_code == 400 and "minimum" in resp.json()["detail"]
+
+
+def test_an_invalid_config_shows_in_the_import_errors_and_hides_no_other_dag(airflow) -> None:
+    _, client, tmp = airflow
+    broken = str(tmp / "configs" / "broken.yaml")
+    deadline = time.monotonic() + 120
+    while True:
+        errors = client.http.get("/api/v2/importErrors").json()["import_errors"]
+        if errors or time.monotonic() > deadline:
+            break
+        time.sleep(3)
+    [error] = errors
+    assert error["filename"].endswith("lattice_config_errors.py")
+    assert broken in error["stack_trace"] and "unknown key 'epoch'; did you mean 'epochs'?" in error["stack_trace"]
+    assert f"Fix: edit {broken}" in error["stack_trace"]
+    # Airflow marks every DAG of a file with an import error stale: tiny's DAGs are in another file
+    dag = client.dag("tiny__features")
+    assert dag["is_stale"] is False and dag["has_import_errors"] is False
+    assert client.http.get("/api/v2/dags/broken__features").status_code == 404
+
+
+def test_a_rejected_promotion_is_a_failed_run_in_the_rest_api(airflow) -> None:
+    """A rejection is red at a glance: the run and its gate task are failed (not retried), the
+    task's log names each failed check and its 'decision' XCom holds the whole decision."""
+    _, client, _ = airflow
+    resp = client.trigger("tiny__promote", {"dry_run": False})
+    assert resp.status_code == 200, resp.text
+    client.unpause("tiny__promote")
+    run_id = resp.json()["dag_run_id"]
+    run = client.wait_run("tiny__promote", run_id, timeout=600)
+    assert run["state"] == "failed"
+    [ti] = client.task_instances("tiny__promote", run_id)
+    assert ti["task_id"] == "gate_and_promote" and ti["state"] == "failed" and ti["try_number"] == 1
+    base = f"/api/v2/dags/tiny__promote/dagRuns/{run_id}/taskInstances/gate_and_promote"
+    xcom = client.http.get(f"{base}/xcomEntries/decision").json()
+    value = xcom["value"] if isinstance(xcom["value"], dict) else json.loads(xcom["value"])
+    assert value["summary"]["reasons"] == REJECTED["reasons"]
+    log = client.http.get(f"{base}/logs/1", params={"full_content": "true"}).text
+    assert "REJECTED challenger v2" in log and "regresses the champion's 0.880" in log
 
 
 def test_rest_trigger_of_the_features_dag_succeeds(airflow, features_run) -> None:

@@ -179,12 +179,11 @@ def test_a_rejected_promotion_is_a_failed_run_with_the_reasons(airflow_db, monke
     assert _xcom(dr, "gate_and_promote")["summary"]["champion_after"] == 2
 
 
-def test_a_config_error_fails_without_retries(airflow_db, monkeypatch, tmp_path: Path) -> None:
-    """A config broken after the DAGs were parsed fails the first task at once (no back-off)."""
-    folder = _tiny(tmp_path)
-    dags = _dags(monkeypatch, folder, retries=2)
-    (folder / "tiny.yaml").write_text((folder / "tiny.yaml").read_text().replace("epochs:", "epoch:"))
-    dr = dags["tiny__features"].test(run_conf={"synthetic_rows": 3000})
+def test_a_deterministic_error_fails_without_retries(airflow_db, monkeypatch, tmp_path: Path) -> None:
+    """Params the form accepts but the run cannot (end not after start) fail the first task at
+    once: a retry with back-off would only repeat the error."""
+    dags = _dags(monkeypatch, _tiny(tmp_path), retries=2)
+    dr = dags["tiny__features"].test(run_conf={"synthetic_rows": 3000, "start": "2026-01-05", "end": "2026-01-05"})
     assert str(dr.state) == "failed"
     assert _states(dr)["synthesize_raw_logs"] == "failed"
     assert _try_numbers(dr)["synthesize_raw_logs"] == 1

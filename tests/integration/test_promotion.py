@@ -175,7 +175,7 @@ def test_a_flipped_byte_is_rejected_at_the_gate_and_refused_by_serving(tmp_path)
     assert [r for r in first["reasons"] if r["check"] == "artifact_integrity"][0]["passed"]
 
     # v2: the same student registered again, then 64 bytes of its embedding table flipped where it
-    # is stored and in the (content-keyed, shared with v1) download cache
+    # is stored and in the download cache
     v2 = register(config, paths, "student")["version"]
     info2 = reg.version(v2)
     local = reg.download(info2)

@@ -215,6 +215,44 @@ def test_an_oversized_body_is_refused_without_being_read(base_config):
     assert status == 413 and pulled == 1_048_576 // 65536 + 1
 
 
+def test_a_real_server_answers_413_before_the_upload_is_sent_and_keeps_serving(base_config):
+    """Through uvicorn on a socket: the 413 for a declared 10 MB body arrives while the client
+    has sent only its headers and a few bytes, and the server then answers the next client."""
+    import socket
+    import threading
+    import time
+
+    import httpx
+    import uvicorn
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(_app(base_config, access_log=False), host="127.0.0.1", port=port,
+                                           log_level="warning", access_log=False))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.time() + 60
+        while not server.started:
+            assert time.time() < deadline and thread.is_alive(), "uvicorn did not start"
+            time.sleep(0.02)
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
+            conn.sendall(b"POST /predict HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: 10485760\r\n\r\n" + b'{"requests": [')
+            reply = b""
+            while b"max_body_bytes" not in reply:
+                chunk = conn.recv(65536)
+                if not chunk:
+                    break
+                reply += chunk
+        assert reply.startswith(b"HTTP/1.1 413") and b"over the limit of 1048576 bytes" in reply, reply[:300]
+        assert httpx.post(f"http://127.0.0.1:{port}/predict", json=GOOD, timeout=10).status_code == 200
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
 def test_random_and_mutated_bodies_never_get_a_5xx(client):
     """A few hundred garbage, truncated, bit-flipped and value-swapped bodies: each gets 200 or
     a 4xx with a message; never a 500 (the stub model also refuses non-finite input)."""
