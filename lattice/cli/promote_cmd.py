@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from lattice.cli.common import load_or_exit
 
@@ -19,7 +20,12 @@ def _promote(args: argparse.Namespace) -> int:
     from lattice.promotion.stages import promote
 
     config, paths = _paths(args)
-    out = promote(config, paths, dry_run=args.dry_run)
+    try:
+        out = promote(config, paths, dry_run=args.dry_run)
+    except (LookupError, ValueError, FileNotFoundError, RuntimeError) as exc:
+        # a missing registry, no challenger, a promotion undone after a failed write: one line, exit 1
+        print(f"promote: {exc}", file=sys.stderr)
+        return 1
     for r in out["reasons"]:
         print(("  ok    " if r["passed"] else "  FAIL  ") + r["message"])
     print(f"decision: {out['decision']} (challenger v{out['challenger_version']}, champion before: {out['champion_before']}, "
@@ -33,7 +39,11 @@ def _rollback(args: argparse.Namespace) -> int:
     from lattice.promotion.stages import rollback
 
     config, paths = _paths(args)
-    out = rollback(config, paths)
+    try:
+        out = rollback(config, paths)
+    except (LookupError, ValueError, FileNotFoundError, RuntimeError) as exc:
+        print(f"rollback: {exc}", file=sys.stderr)
+        return 1
     print(f"champion rolled back from v{out['from_version']} to v{out['to_version']}")
     return 0
 

@@ -44,6 +44,11 @@ def distill(config: PlatformConfig, paths: Paths, nproc: int | None = None, epoc
     teacher_dir = paths.model_dir("teacher")
     if not (teacher_dir / "model.pt").exists():
         raise FileNotFoundError(f"no trained teacher at {teacher_dir}; run `lattice train CONFIG --model teacher` first")
+    if register and not config.registry.tracking_uri:
+        # before minutes of training: a registry that vanished is an error now, not at the end
+        from lattice.registry.client import check_local_registry
+
+        check_local_registry(paths.mlflow)
     started = time.perf_counter()
     timings: dict[str, float] = {}
 

@@ -3,7 +3,9 @@
 Stages build heads, cells and reports from `config.domains` / `config.objectives`, so a subset
 chosen at trigger time becomes a narrowed config rather than a keyword every stage must know.
 Features (including aggregates of a dropped objective) stay as they are: the model's inputs do
-not change, only which (domain, objective) cells it is trained and judged on.
+not change, only which (domain, objective) cells it is trained and judged on. A domain subset also
+narrows the rows: the task runner gives the stage a copy of the training table holding only the
+chosen domains (`run_paths.subset_table`), since the loader refuses rows of undeclared domains.
 """
 
 from __future__ import annotations

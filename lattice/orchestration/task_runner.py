@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from lattice.orchestration.run_paths import RunPaths, relocate, subset_table
 from lattice.orchestration.spec import ParamSpec, TaskSpec
 
 log = logging.getLogger("lattice.orchestration")
@@ -179,8 +180,6 @@ def run_task(config_file: str | Path, task: TaskSpec, params: dict[str, Any], sp
     paths = run_paths = paths_for(config).ensure()
     table = None
     if config.domain_names != all_domains:
-        from lattice.orchestration.run_paths import subset_table
-
         try:
             table = subset_table(paths, config.domain_names)
         except Exception as exc:
@@ -190,8 +189,6 @@ def run_task(config_file: str | Path, task: TaskSpec, params: dict[str, Any], sp
         log.info("domains %s of %s: the stage reads the subset table %s", config.domain_names, all_domains, table)
     staged = task.replaces_model if stage == task.stage else None
     if table is not None or staged:
-        from lattice.orchestration.run_paths import RunPaths
-
         run_paths = RunPaths.make(paths, table=table, staged=staged).ensure()
     log.info("config %s (%s): stage %s with %s; workdir %s", config.name, config_file, stage, kwargs, paths.workdir)
     started = time.perf_counter()
@@ -200,7 +197,7 @@ def run_task(config_file: str | Path, task: TaskSpec, params: dict[str, Any], sp
         if staged:
             if isinstance(summary, dict) and summary.get("interrupted"):
                 raise TaskError(f"stage {stage!r} stopped before the end; the previous {staged} model is kept")
-            summary = relocate_summary(summary, run_paths.commit())
+            summary = relocate(summary, run_paths.commit())
     except Exception as exc:
         if staged:
             run_paths.discard()  # the previous model folder stays as it was
@@ -209,14 +206,12 @@ def run_task(config_file: str | Path, task: TaskSpec, params: dict[str, Any], sp
         cls = DeterministicError if is_deterministic(exc) else TaskError
         again = " (not retried: the same input fails the same way)" if cls is DeterministicError else ""
         raise cls(f"stage {stage!r} failed for config {config.name!r}{again}: {type(exc).__name__}: {exc}") from exc
+    except BaseException:  # interrupted or killed (Ctrl-C, Airflow terminating the task)
+        if staged:
+            run_paths.discard()
+        raise
     _log_summary(stage, summary, time.perf_counter() - started)
     result = {"stage": stage, "config": config.name, "summary": _jsonable(summary)}
     if task.gate and stage == task.stage and not (isinstance(summary, dict) and summary.get(task.gate)):
         raise GateRejected(gate_message(task, summary if isinstance(summary, dict) else {}), result)
     return result
-
-
-def relocate_summary(summary: Any, moved: dict[str, str]) -> Any:
-    from lattice.orchestration.run_paths import relocate
-
-    return relocate(summary, moved)

@@ -125,9 +125,9 @@ def _registry_evidence(folder: Path) -> str | None:
     return None
 
 
-def _open_local_registry(folder: Path) -> str:
-    """The SQLite tracking URI of the work directory's registry. Only a work directory that
-    never had a registry gets a new one; a missing database of an existing one is an error."""
+def check_local_registry(folder: Path) -> None:
+    """Raise RegistryMissingError when the work directory had a registry whose database is gone
+    (creates nothing: stages call it before their long work)."""
     db = folder / "mlflow.db"
     if not db.exists():
         evidence = _registry_evidence(folder)
@@ -138,6 +138,13 @@ def _open_local_registry(folder: Path) -> str:
                 f"empty registry would restart versions at 1 beside the old artifacts, so none is created; to start "
                 f"afresh on purpose, move {folder} away first."
             )
+
+
+def _open_local_registry(folder: Path) -> str:
+    """The SQLite tracking URI of the work directory's registry. Only a work directory that
+    never had a registry gets a new one; a missing database of an existing one is an error."""
+    db = folder / "mlflow.db"
+    check_local_registry(folder)
     uri = _local_backend(db)
     marker = folder / REGISTRY_MARKER
     if not marker.exists():

@@ -167,3 +167,8 @@ def test_a_chained_objective_cannot_fire_without_its_given(spark, tmp_path):
     res = ingest_and_consolidate(config, paths_for(config, tmp_path / "wd"))
     # seen = 2 where i % 3 == 2, visited = 0 where i is even: i = 2, 8, 14, 20, 26
     assert res["quarantine_reasons"] == {"bad_label": 5}
+
+
+def test_the_embedded_spark_driver_listens_on_loopback(spark):
+    conf = spark.sparkContext.getConf()
+    assert conf.get("spark.driver.host") == "127.0.0.1" and conf.get("spark.driver.bindAddress") == "127.0.0.1"
