@@ -181,7 +181,9 @@ class RowEncoder:
 
 def _concat(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
     if len(parts) == 1:
-        return parts[0]
+        # Arrow hands out read-only views; torch warns (once per process, in every rank's log) on
+        # making tensors of them, so the rare read-only column is copied here
+        return {k: v if v.flags.writeable else v.copy() for k, v in parts[0].items()}
     return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 
 
