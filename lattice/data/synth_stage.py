@@ -8,8 +8,11 @@ from lattice.config import PlatformConfig
 from lattice.paths import Paths
 
 
-def synth(config: PlatformConfig, paths: Paths, rows: int = 200_000, force: bool = False, progress: bool = True) -> dict:
+def synth(config: PlatformConfig, paths: Paths, rows: int | None = None, force: bool = False, progress: bool = True) -> dict:
     from lattice.data.synth import generate
+
+    if rows is None:  # scheduled runs pass nothing: the config decides, as everywhere else
+        rows = config.synthetic.rows if config.synthetic else 200_000
 
     manifest = paths.data_root / "manifest.json"
     if manifest.exists() and not force:
