@@ -109,6 +109,9 @@ class RequestSchema:
         self._domains, self._entities = frozenset(self.domains), frozenset(self.entity_keys)
         self._sparse, self._dense = frozenset(self.sparse), frozenset(self.dense)
         self.max_batch = config.serving.max_batch
+        # exact-id tables (hashing none): the feature stage quarantines an id outside the table,
+        # so serving refuses one too instead of wrapping it onto another id's row
+        self._exact = {f.column: f.num_embeddings for f in config.features.sparse if f.hashing == "none"}
 
     def problem(self, req) -> str | None:
         """What is wrong with one request under this config, or None. The only copy of the rules
@@ -125,6 +128,8 @@ class RequestSchema:
             if name in self._sparse:
                 if type(value) is float:
                     return f"feature {name!r} is categorical: send an integer or a string, got {value!r}"
+                if name in self._exact and type(value) is int and not 0 <= value < self._exact[name]:
+                    return f"feature {name!r} takes ids 0..{self._exact[name] - 1} (hashing none), got {short(value, 40)}"
             elif name in self._dense:
                 if type(value) is str:
                     return f"feature {name!r} is numeric: send a number, got the string {short(value)}"

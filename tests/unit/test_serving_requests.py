@@ -216,3 +216,15 @@ def test_online_value_decoding_matches_protobuf(field, value):
 
     got = _number((Value(**{field: value}) if field else Value()).SerializeToString())
     assert math.isnan(got) if field is None else got == float(value)
+
+
+def test_an_id_outside_an_exact_id_table_is_refused_not_wrapped(config):
+    """user_segment has `hashing: none` and 64 rows in the demo config: id 64 or -1 would land on
+    another id's row if wrapped; the feature stage quarantines such rows, serving answers 422."""
+    schema = RequestSchema(config)
+    for bad in (64, -1):
+        body = ('{"domain": "feed", "entities": {"user_id": 1, "ad_id": 2}, "features": {"user_segment": %d}}' % bad).encode()
+        with pytest.raises(RequestError, match=r"user_segment.*ids 0\.\.63"):
+            parse_body(body, schema)
+    ok = b'{"domain": "feed", "entities": {"user_id": 1, "ad_id": 2}, "features": {"user_segment": 63}}'
+    assert len(parse_body(ok, schema)[0]) == 1
