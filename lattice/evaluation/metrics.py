@@ -42,6 +42,19 @@ def ne_from_sums(sum_logloss: float, sum_y: float, count: float) -> float:
     return (sum_logloss / count) / entropy(sum_y / count)
 
 
+def ne_standard_error(y: np.ndarray, p: np.ndarray) -> float:
+    """Standard error of the NE from the per-row log-loss gain over the base rate (NE - 1 is its
+    mean over the entropy), so a gate can tell "worse than the base rate" from noise."""
+    y = np.asarray(y, np.float64)
+    n = len(y)
+    if n < 2 or y.min() == y.max():
+        return float("nan")
+    q = np.clip(np.asarray(p, np.float64), EPS, 1 - EPS)
+    r = float(y.mean())
+    d = -(y * np.log(q) + (1 - y) * np.log(1 - q)) + (y * math.log(r) + (1 - y) * math.log(1 - r))
+    return float(d.std(ddof=1) / math.sqrt(n) / entropy(r))
+
+
 def auc(y: np.ndarray, p: np.ndarray) -> float:
     """Probability a random positive outranks a random negative (ties count half):
     the Mann-Whitney U statistic from average ranks."""
@@ -74,7 +87,8 @@ def cell_metrics(config: PlatformConfig, df: pd.DataFrame, prob_prefix: str = "p
              "log_loss": log_loss(y, p) if len(y) else float("nan"),
              # sum p and sum p(1-p): the mean and variance of the positive count if the model were
              # calibrated, which the gate's calibration interval needs (lattice.promotion.gate)
-             "expected_positives": float(p.sum()), "positives_variance": float((p * (1 - p)).sum())}
+             "expected_positives": float(p.sum()), "positives_variance": float((p * (1 - p)).sum()),
+             "ne_se": ne_standard_error(y, p)}
         tcol = f"truth_{o}"
         if tcol in df and df.loc[sel, tcol].notna().all() and len(y):
             t = df.loc[sel, tcol].to_numpy(np.float64)

@@ -12,8 +12,8 @@ Rules (thresholds from `config.promotion`):
   - the exported artifact predicts like the training model (max |Δp| within tolerance),
     its single-request p99 latency and its size are within budget;
   - with no champion yet (the first model): every cell's NE <= floors.max_ne and AUC >= floors.min_auc
-    (the AUC judged by its confidence interval, like calibration: a cell with ten positives cannot
-    show that a model ranks worse than the floor).
+    (both judged by their confidence intervals, like calibration: a cell with ten positives cannot
+    show that a model ranks worse than the floor, nor that its NE of 1.01 is worse than the base rate).
 """
 
 from __future__ import annotations
@@ -37,6 +37,8 @@ class CellMetrics:
     """Sum of the predicted probabilities over the cell's labelled rows."""
     variance: float = 0.0
     """Sum of p(1 - p): the variance of the positive count if the predictions were calibrated."""
+    ne_se: float = float("nan")
+    """Standard error of the NE (lattice.evaluation.metrics.ne_standard_error); NaN: unknown."""
 
     def auc_interval(self, z: float) -> tuple[float, float]:
         """(low, high) of the AUC at z standard errors (Hanley & McNeil 1982): a cell with ten
@@ -134,8 +136,13 @@ def _cell_checks(p: Promotion, inputs: GateInputs) -> list[Reason]:
                     name, m.ne, bound,
                 ))
         else:
-            ok = m.ne <= p.floors.max_ne
-            out.append(Reason("ne_floor", ok, f"{name}: NE {m.ne:.4f} (floor: at most {p.floors.max_ne:g})", name, m.ne, p.floors.max_ne))
+            half = z * m.ne_se if m.ne_se == m.ne_se else 0.0
+            ok = m.ne - half <= p.floors.max_ne  # fails only when the data show it is worse than the floor
+            shown = f"{name}: NE {m.ne:.4f} (floor: at most {p.floors.max_ne:g}"
+            if m.ne > p.floors.max_ne:
+                shown += (f"; {100 * p.calibration_confidence:g}% interval [{m.ne - half:.4f}, {m.ne + half:.4f}]"
+                          + (": within noise" if ok else ": above the floor"))
+            out.append(Reason("ne_floor", ok, shown + ")", name, m.ne, p.floors.max_ne))
             a_lo, a_hi = m.auc_interval(z)
             ok = a_hi >= p.floors.min_auc  # fails only when the data show it ranks worse than the floor
             shown = f"{name}: AUC {m.auc:.4f} (floor: at least {p.floors.min_auc:g}"

@@ -32,7 +32,8 @@ def from_report(cells: dict[str, dict]) -> dict[Cell, CellMetrics]:
                                   calibration=float(c.get("calibration", float("nan"))),
                                   count=int(c.get("n", 0)), positives=int(c.get("positives", 0)),
                                   expected=float(c.get("expected_positives", float("nan"))),
-                                  variance=float(c.get("positives_variance", 0.0)))
+                                  variance=float(c.get("positives_variance", 0.0)),
+                                  ne_se=float(c.get("ne_se", float("nan"))))
     return out
 
 

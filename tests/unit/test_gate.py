@@ -151,3 +151,27 @@ def test_auc_floor_is_judged_by_its_interval(config):
     large[("search", "conversion")] = CellMetrics(ne=0.9, auc=0.39, calibration=1.0, count=200_000, positives=2_000)
     d = decide(config.promotion, _inputs(config, large, None))
     assert d.failed_cells == ["search/conversion"] and "below the floor" in d.failed[0].message
+
+
+def test_ne_floor_is_judged_by_its_interval(config):
+    noisy = _cells(config)
+    noisy[("search", "conversion")] = CellMetrics(ne=1.01, auc=0.6, calibration=1.0, count=800, positives=8, ne_se=0.02)
+    assert decide(config.promotion, _inputs(config, noisy, None)).passed
+    sure = _cells(config)
+    sure[("search", "conversion")] = CellMetrics(ne=1.01, auc=0.6, calibration=1.0, count=10**6, positives=10**4, ne_se=0.001)
+    d = decide(config.promotion, _inputs(config, sure, None))
+    assert d.failed_cells == ["search/conversion"] and "above the floor" in d.failed[0].message
+
+
+def test_ne_standard_error_covers_the_sampling_noise_of_ne():
+    """Over many windows of a calibrated model's own labels, NE scatters by about its standard error."""
+    from lattice.evaluation.metrics import ne, ne_standard_error
+
+    rng = np.random.default_rng(0)
+    p = rng.uniform(0.01, 0.2, size=5_000)
+    nes, ses = [], []
+    for _ in range(200):
+        y = (rng.random(len(p)) < p).astype(float)
+        nes.append(ne(y, p))
+        ses.append(ne_standard_error(y, p))
+    assert np.std(nes) == pytest.approx(np.mean(ses), rel=0.25)
