@@ -21,6 +21,5 @@ def attach(config: PlatformConfig, table: Path, scores: pd.DataFrame) -> pd.Data
         return scores
     keys = pd.Index(scores["example_id"].astype(str).unique())
     side = data.to_table(columns=["example_id", *have], filter=ds.field("example_id").isin(keys.tolist())).to_pandas()
-    front = [c for c in scores.columns if c == "example_id"]
     merged = scores.merge(side.drop_duplicates("example_id"), on="example_id", how="left")
-    return merged[front + have + [c for c in scores.columns if c not in front]]
+    return merged[list(scores.columns) + have]  # the scores' own layout first, the joined columns after

@@ -69,7 +69,8 @@ def test_teacher_scores_feed_the_student(setup) -> None:
         train(cfg, paths, model="teacher@a", nproc=1, epochs=1, progress=False)
     out = score(cfg, paths, "teacher@a", split="train", progress=False)
     scores = pd.read_parquet(out)
-    assert list(scores.columns) == ["example_id", "domain", "p_click", "p_conversion"]
+    assert list(scores.columns) == ["example_id", "domain", "p_click", "p_conversion", "split"]
+    assert set(scores.split) == {"train"}
     assert scores["p_click"].between(0, 1).all() and scores["example_id"].is_unique
     summary = train(cfg, paths, model="student", nproc=1, epochs=1, teacher_scores=out, progress=False)
     metrics = json.loads((paths.model_dir("student") / "metrics.json").read_text())
