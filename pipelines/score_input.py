@@ -6,9 +6,6 @@ Labels are not read (a table to score has none); ids, splits and duplicates do n
 
 from __future__ import annotations
 
-import glob
-from pathlib import Path
-
 from lattice.config import PlatformConfig
 from lattice.config.schema import Source
 from lattice.data import schema as S
@@ -22,14 +19,7 @@ class InputError(ValueError):
 
 
 def input_files(path: str, source: Source) -> list[str]:
-    p = Path(path)
-    if p.is_dir():
-        ext = {"csv": "csv", "tsv": "tsv", "parquet": "parquet", "jsonl": "jsonl"}[source.format]
-        files = sorted(str(f) for f in p.rglob(f"*.{ext}") if f.is_file() and not f.name.startswith(("_", ".")))
-        if source.format == "jsonl":
-            files += sorted(str(f) for f in p.rglob("*.json") if f.is_file())
-    else:
-        files = sorted(f for f in glob.glob(path) if Path(f).is_file())
+    files = sources.matching_files(path, source.format)
     if not files:
         raise InputError(f"no {source.format} file at {path}")
     return files

@@ -31,16 +31,22 @@ def expand_braces(pattern: str) -> list[str]:
     return out
 
 
-def source_files(paths: Paths, source: Source) -> list[str]:
-    full = str(paths.source_path(source.path))
+def matching_files(pattern: str, fmt: str) -> list[str]:
+    """Files of a path, glob (with brace sets) or folder; a folder gives every file of format
+    `fmt` in it (Spark's part files too), skipping hidden and `_`-prefixed ones."""
+    exts = (".json", ".jsonl") if fmt == "jsonl" else (f".{fmt}",)
     files: set[str] = set()
-    for p in (f for pat in expand_braces(full) for f in glob.glob(pat)):
-        if Path(p).is_dir():  # a folder: every file of the source's format in it (Spark's part files too)
-            exts = (".json", ".jsonl") if source.format == "jsonl" else (f".{source.format}",)
+    for p in (f for pat in expand_braces(pattern) for f in glob.glob(pat)):
+        if Path(p).is_dir():
             files |= {str(f) for f in Path(p).rglob("*") if f.is_file() and f.name.endswith(exts) and not f.name.startswith(("_", "."))}
         elif Path(p).is_file():
             files.add(p)
-    files = sorted(files)
+    return sorted(files)
+
+
+def source_files(paths: Paths, source: Source) -> list[str]:
+    full = str(paths.source_path(source.path))
+    files = matching_files(full, source.format)
     if not files:
         raise SourceError(f"source {source.name!r}: no file matches {full} (check 'path' and data_root, "
                           f"or set LATTICE_SHARED_DATA / LATTICE_DEMO_DATA)")

@@ -6,11 +6,9 @@ import argparse
 from pathlib import Path
 
 
-
-def _v(version) -> str:
-    return "(none)" if version is None else f"v{version}"
-
 def _summary(report: dict) -> str:
+    from lattice.demo.report import version_label as _v
+
     lines = ["", "Headline: macro NE per objective (test split; lower is better)"]
     head = report.get("headline", {})
     objs = sorted({o for v in head.values() for o in v})

@@ -19,7 +19,8 @@ MODEL_ORDER = ["teacher", "student", "mmoe", "shared_bottom", "pooled", "separat
 
 
 
-def _v(version) -> str:
+def version_label(version) -> str:
+    """`v3`, or `(none)` where there was no champion."""
     return "(none)" if version is None else f"v{version}"
 
 def _png(fig) -> str:
@@ -186,7 +187,7 @@ def render_html(report: dict[str, Any]) -> str:
         parts.append("<h2>Promotion decision</h2>")
         decision = promo.get("decision", "?")
         parts.append(f"<p>Decision: <b class='{'ok' if decision == 'promote' else 'bad'}'>{html.escape(str(decision))}</b> "
-                     f"(champion {_v(promo.get('champion_before'))} → {_v(promo.get('champion_after'))}, "
+                     f"(champion {version_label(promo.get('champion_before'))} → {version_label(promo.get('champion_after'))}, "
                      f"challenger v{promo.get('challenger_version')})</p>")
         items = []
         for r in promo.get("reasons", []):
