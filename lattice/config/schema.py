@@ -204,7 +204,9 @@ class Objective(Strict):
 
 # ---------------------------------------------------------------- features
 
-Hashing = Literal["none", "modulo", "qr", "learned"]
+Hashing = Literal["none", "vocab", "modulo", "qr", "mixed", "zch", "learned"]
+HASHING_NEEDS_FIT = ("vocab", "mixed", "learned")
+"""Schemes whose id -> row map is fitted on the training window (`lattice hashing fit`)."""
 
 
 class SparseFeature(Strict):
@@ -217,13 +219,37 @@ class SparseFeature(Strict):
     """Width of this feature's embedding table; a model uses min(this, its own `embedding_dim`) and
     projects it to its token width."""
     num_embeddings: int = Field(default=100_000, ge=2)
-    """Rows of the embedding table (before a model's `table_scale`). A raw value becomes an integer
-    id (an integer as it is, other text hashed to 60 bits) and `hashing` maps the id to a row."""
+    """Row budget of this feature's embedding table(s) (before a model's `table_scale`). A raw value
+    becomes an integer id (an integer as it is, other text hashed to 60 bits) and `hashing` maps
+    the id to a row; compressed schemes spend this budget across their tables."""
     hashing: Hashing = "modulo"
-    """How an id picks a row: `modulo` (id mod rows; ids beyond the table share rows, noted at
-    training), `none` (the id is the row: an id outside [0, num_embeddings) stops training), `qr` or
-    `learned` (need a remap registered in lattice/models/remap.py; none ships yet, so a model using
-    them fails to build)."""
+    """How an id picks a row. `modulo`: id mod rows (ids beyond the table share rows). `none`: the
+    id is the row (an id outside [0, num_embeddings) is refused). `vocab`: every id seen at least
+    `min_count` times in the training window gets its own row, the rest one out-of-vocabulary row.
+    `qr`: a quotient and a remainder table combined by `qr_combine` (no two ids of the id space share
+    both rows). `mixed`: the frequent ids get full-width rows, the tail narrower rows (α-power
+    rule, `mixed_alpha`), both projected to the token width. `zch`: TorchRec's managed-collision
+    table (LFU eviction). `learned`: frequent ids get rows of their own, the rest are clustered so
+    that similar ids share a row, unseen ids fall into a reserved hashed range. `vocab`, `mixed`
+    and `learned` need `lattice hashing fit CONFIG` after the features stage."""
+    min_count: int = Field(default=1, ge=1)
+    """`vocab`, `mixed`, `learned`: an id must appear this many times in the training window to be
+    in the fitted map; rarer ids are treated as unseen."""
+    qr_combine: Literal["mul", "add", "concat"] = "mul"
+    """`qr`: how the quotient and remainder embeddings combine: element-wise product (the paper's
+    best), sum, or concatenation of two half-width embeddings."""
+    qr_buckets: int | None = Field(default=None, ge=2)
+    """`qr`: rows of the remainder table (ids mod this); the quotient table gets the rest of the
+    budget. Unset: half the budget each."""
+    learned_frequent_share: float = Field(default=0.5, gt=0, lt=1)
+    """`learned`: share of the row budget given to the most frequent ids, one row each."""
+    learned_unseen_share: float = Field(default=0.05, gt=0, lt=1)
+    """`learned`: share of the row budget reserved for ids the fit never saw (hashed into it)."""
+    mixed_alpha: float = Field(default=0.3, ge=0, le=1)
+    """`mixed`: exponent of the α-power rule; a block's width scales with its ids' popularity to
+    this power (0: every block full width)."""
+    zch_eviction_interval: int = Field(default=1000, ge=1)
+    """`zch`: training steps between the managed-collision table's LFU evictions and inserts."""
     entity: bool = False
     """An entity key (user, ad, ...): aggregates and Feast entities can join on it."""
 
@@ -329,6 +355,14 @@ class ModelSize(Strict):
     dropout: float = Field(default=0.0, ge=0, lt=1)
     """Dropout probability after every hidden layer of the interaction blocks, shared stacks and
     heads (0: off)."""
+    bias: Literal["all", "final"] = "all"
+    """Mod: `final` drops the bias of every layer except each head's last (its prediction layer);
+    fewer operands for FP8 GEMMs and their scales."""
+    block_norm: int = Field(default=0, ge=0)
+    """Mod: parameter-free grouped RMS normalisation over fixed blocks of this many features after
+    every hidden layer (keeps FP8 inputs in range); 0: off."""
+    activation: Literal["relu", "hardswish"] = "relu"
+    """Mod: the hidden layers' activation."""
 
 
 class Baselines(Strict):
@@ -453,24 +487,36 @@ class Distillation(Strict):
     by T in the soft-label loss; 1 takes the teacher's probabilities as they are."""
 
 
+FP8_RECIPES = ("e4m3_tensor", "e4m3_row", "mx_block32")
+"""Forward FP8 recipes: e4m3 with one scale per tensor, e4m3 with one scale per row (of the input
+and of the weight), MX-style blocks of 32 elements sharing a power-of-two scale."""
+
+
 class FP8(Strict):
     enabled: bool = False
-    """Reserved: no stage reads the `fp8` section yet, so training and export run in FP32 whatever
-    it says."""
-    format: Literal["e4m3", "e5m2"] = "e4m3"
-    """FP8 encoding, `e4m3` (more precision) or `e5m2` (more range); reserved like `enabled`."""
+    """Train the models in `models` with FP8 GEMMs at the sites where the probe finds it safe
+    (LoKA-style probe and dispatch); false trains the FP32 model bit for bit."""
+    models: list[Literal["teacher", "student"]] = Field(default_factory=lambda: ["teacher", "student"])
+    """Which models FP8 applies to when `enabled`."""
+    recipes: list[Literal["e4m3_tensor", "e4m3_row", "mx_block32"]] = Field(
+        default_factory=lambda: ["e4m3_tensor", "e4m3_row", "mx_block32"], min_length=1)
+    """Forward recipes the dispatcher may choose, cheapest first: a site takes the first one whose
+    estimated error is below `max_relative_error`."""
+    backward: Literal["e5m2", "bf16"] = "e5m2"
+    """Format of the output gradients in the backward GEMMs of an FP8 site."""
     max_relative_error: float = Field(default=0.05, gt=0)
-    """LoKA-style probe: a layer runs in FP8 only if its output error stays below this."""
-
-
-class HashingConfig(Strict):
-    qr_collisions: int = Field(default=4, ge=2)
-    """`hashing: qr`: ids per remainder row, so the quotient table has num_embeddings /
-    qr_collisions rows. Only the config summary's size estimate reads it: no qr remap ships yet."""
-    learned_clusters: int = Field(default=1024, ge=2)
-    """Reserved for `hashing: learned`; no learned remap ships yet and no stage reads it."""
-    frequency_threshold: int = Field(default=2, ge=1)
-    """Reserved for `hashing: learned`; no learned remap ships yet and no stage reads it."""
+    """A site runs in FP8 only if its mean relative error (sum |out - ref| / sum |ref|) on inputs
+    drawn from the probed statistics stays below this."""
+    min_speedup: float = Field(default=1.05, gt=0)
+    """On a CUDA device with FP8 support, a site also needs this measured speed-up for its own GEMM
+    shape; on CPU FP8 is emulated and judged on quality only."""
+    probe_every: int = Field(default=10, ge=1)
+    """Training steps between two updates of the probe's running statistics."""
+    warmup_steps: int = Field(default=200, ge=1)
+    """Steps trained in FP32 to learn the statistics; the plan is made then and FP8 starts."""
+    serving_tolerance: float = Field(default=0.002, ge=0)
+    """Gate: the FP8 artifact's NE may exceed the same weights' FP32 NE by at most this share in
+    every cell."""
 
 
 class Floors(Strict):
@@ -676,9 +722,7 @@ class PlatformConfig(Strict):
     distillation: Distillation = Field(default_factory=Distillation)
     """How the student learns from the teacher's scores."""
     fp8: FP8 = Field(default_factory=FP8)
-    """FP8 settings (reserved: no stage reads them yet)."""
-    hashing: HashingConfig = Field(default_factory=HashingConfig)
-    """Settings of the `qr` and `learned` hashing schemes (reserved until they ship)."""
+    """FP8 GEMMs where the probe finds them safe, for the teacher and the student."""
     promotion: Promotion = Field(default_factory=Promotion)
     """The gate a challenger must pass to become the champion."""
     feature_store: FeatureStore = Field(default_factory=FeatureStore)
@@ -693,6 +737,16 @@ class PlatformConfig(Strict):
     """Parameters of the built-in log generator (`lattice synth`, `lattice demo`); absent for real
     data."""
     _source_file: str | None = PrivateAttr(default=None)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _moved_sections(cls, data):
+        if isinstance(data, dict) and "hashing" in data:
+            raise ValueError(
+                "the top-level `hashing` section was replaced by keys of each sparse feature: move "
+                "qr_collisions/learned_clusters/frequency_threshold to features.sparse[].qr_buckets, "
+                "learned_frequent_share and min_count (see docs/config-reference.md) and delete `hashing:`")
+        return data
 
     @property
     def source_file(self) -> str | None:

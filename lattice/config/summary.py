@@ -7,16 +7,14 @@ from lattice.config.schema import PlatformConfig, SparseFeature
 FLOAT_BYTES = 4
 
 
-def table_rows(f: SparseFeature, qr_collisions: int) -> int:
-    """Rows the embedding table really holds once hashing is applied."""
-    if f.hashing == "qr":
-        # quotient table + remainder table
-        return -(-f.num_embeddings // qr_collisions) + qr_collisions
+def table_rows(f: SparseFeature) -> int:
+    """Rows the feature's embedding table(s) hold: every scheme spends `num_embeddings` as its
+    row budget (QR over its two tables, learned over frequent, clustered and unseen rows)."""
     return f.num_embeddings
 
 
 def embedding_bytes(config: PlatformConfig) -> int:
-    return sum(table_rows(f, config.hashing.qr_collisions) * f.embedding_dim * FLOAT_BYTES for f in config.features.sparse)
+    return sum(table_rows(f) * f.embedding_dim * FLOAT_BYTES for f in config.features.sparse)
 
 
 def _mib(n: int) -> str:
@@ -44,5 +42,5 @@ def render_summary(config: PlatformConfig) -> str:
         f"({_mib(embedding_bytes(config) // 4)} at int8)",
     ]
     for s in f.sparse:
-        lines.append(f"  {s.name:<18} dim {s.embedding_dim:>4}  rows {table_rows(s, config.hashing.qr_collisions):>10,}  hashing {s.hashing}")
+        lines.append(f"  {s.name:<18} dim {s.embedding_dim:>4}  rows {table_rows(s):>10,}  hashing {s.hashing}")
     return "\n".join(lines)

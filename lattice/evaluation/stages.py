@@ -10,25 +10,19 @@ from torch import nn
 
 from lattice.config import PlatformConfig
 from lattice.data.batch import Batch
-from lattice.data.transforms import DenseStats
-from lattice.models import build_model
 from lattice.paths import Paths
 
 
 def load_model(config: PlatformConfig, paths: Paths, model_name: str) -> nn.Module:
-    """A single-process model on CPU with the trained weights (eval mode). Attributes:
-    `dense_stats` (to build batches), `kind`, `n_dense`, `meta` (plan, cost, best epoch)."""
+    """A single-process model on CPU with the trained weights (eval mode), rebuilt from the config
+    and fitted parts saved with it (`config` only locates it). Attributes: `dense_stats` (to build
+    batches), `kind`, `n_dense`, `meta` (plan, cost, best epoch, fp8 plan, hashing)."""
+    from lattice.models.saved import load_saved
+
     path = paths.model_dir(model_name) / "model.pt"
     if not path.exists():
         raise FileNotFoundError(f"no trained model at {path}; train it with `lattice train CONFIG --model {model_name.split('@')[0]}`")
-    blob = torch.load(path, weights_only=False, map_location="cpu")
-    net = build_model(config, blob["kind"], blob["n_dense"])
-    net.load_state_dict(blob["state_dict"])
-    net.eval()
-    net.dense_stats = DenseStats.from_json(blob["dense_stats"])
-    net.kind, net.n_dense = blob["kind"], blob["n_dense"]
-    net.meta = {k: blob[k] for k in ("name", "plan", "cost", "best_epoch", "world_size") if k in blob}
-    return net
+    return load_saved(path.parent).model
 
 
 @torch.no_grad()

@@ -25,13 +25,13 @@ def cell_key(domain: str, objective: str) -> str:
 
 
 class SeparateModels(nn.Module):
-    def __init__(self, config: PlatformConfig, size: ModelSize, n_dense: int):
+    def __init__(self, config: PlatformConfig, size: ModelSize, n_dense: int, fitted: dict | None = None):
         super().__init__()
         self.objectives = config.objective_names
         self.domains = config.domain_names
         self.cells = config.cells()
         self.nets = nn.ModuleDict({
-            cell_key(d, o): LatticeNet(config, size, n_dense, [o], domain_token=False, domain_untied=False) for d, o in self.cells
+            cell_key(d, o): LatticeNet(config, size, n_dense, [o], domain_token=False, domain_untied=False, fitted=fitted) for d, o in self.cells
         })
 
     def set_output_bias(self, rates: dict[str, float]) -> None:
@@ -48,10 +48,10 @@ class SeparateModels(nn.Module):
 
 
 class PooledModels(nn.Module):
-    def __init__(self, config: PlatformConfig, size: ModelSize, n_dense: int):
+    def __init__(self, config: PlatformConfig, size: ModelSize, n_dense: int, fitted: dict | None = None):
         super().__init__()
         self.nets = nn.ModuleDict({
-            o: LatticeNet(config, size, n_dense, [o], domain_token=False, domain_untied=False) for o in config.objective_names
+            o: LatticeNet(config, size, n_dense, [o], domain_token=False, domain_untied=False, fitted=fitted) for o in config.objective_names
         })
 
     def set_output_bias(self, rates: dict[str, float]) -> None:
@@ -66,10 +66,11 @@ class MultiTaskModel(nn.Module):
     """Embeddings + dense + domain embedding concatenated; MMoE experts with one gate per
     objective (n_experts > 1) or one shared bottom (n_experts == 1); one tower per objective."""
 
-    def __init__(self, config: PlatformConfig, size: ModelSize, n_dense: int, n_experts: int = 4, expert_dim: int = 64):
+    def __init__(self, config: PlatformConfig, size: ModelSize, n_dense: int, n_experts: int = 4, expert_dim: int = 64,
+                 fitted: dict | None = None):
         super().__init__()
         self.objectives = config.objective_names
-        self.sparse = SparseArch(config, size)
+        self.sparse = SparseArch(config, size, fitted)
         self.domain = nn.Embedding(len(config.domain_names), size.embedding_dim)
         n_in = (self.sparse.num_tokens + 1) * size.embedding_dim + n_dense
         self.experts = nn.ModuleList([mlp(n_in, [expert_dim * 2], expert_dim, size.dropout) for _ in range(n_experts)])

@@ -25,17 +25,27 @@ def baseline_names(config: PlatformConfig) -> list[str]:
     return (["separate"] if b.separate else []) + (["pooled"] if b.pooled else []) + ([b.multitask] if b.multitask != "none" else [])
 
 
-def build_model(config: PlatformConfig, kind: str, n_dense: int) -> nn.Module:
+def build_model(config: PlatformConfig, kind: str, n_dense: int, *, fitted: dict | None = None,
+                fp8_plan: dict | None = None) -> nn.Module:
     """Forward: (dense (B, n_dense), sparse KJT, domain (B,)) -> {objective: logits (B,)}.
-    `n_dense` is the width of the dense input (lattice.data.transforms.dense_spec)."""
+    `n_dense` is the width of the dense input (lattice.data.transforms.dense_spec). `fitted`:
+    feature -> fitted id map for the hashing schemes that need one (lattice.hashing); `fp8_plan`:
+    the FP8 dispatcher's plan, applied to the GEMM sites it names (lattice.fp8). A saved model is
+    rebuilt with the ones saved with it (lattice.models.saved.rebuild), never rebuilt by hand."""
     kind = kind_of(kind)
     m = config.models
     if kind == "teacher":
-        return LatticeNet(config, m.teacher, n_dense)
-    if kind == "student":
-        return LatticeNet(config, m.student, n_dense)
-    if kind == "separate":
-        return SeparateModels(config, m.baselines.size, n_dense)
-    if kind == "pooled":
-        return PooledModels(config, m.baselines.size, n_dense)
-    return MultiTaskModel(config, m.baselines.size, n_dense, n_experts=4 if kind == "mmoe" else 1)
+        model = LatticeNet(config, m.teacher, n_dense, fitted=fitted)
+    elif kind == "student":
+        model = LatticeNet(config, m.student, n_dense, fitted=fitted)
+    elif kind == "separate":
+        model = SeparateModels(config, m.baselines.size, n_dense, fitted=fitted)
+    elif kind == "pooled":
+        model = PooledModels(config, m.baselines.size, n_dense, fitted=fitted)
+    else:
+        model = MultiTaskModel(config, m.baselines.size, n_dense, n_experts=4 if kind == "mmoe" else 1, fitted=fitted)
+    if fp8_plan:
+        from lattice.fp8.dispatch import apply_plan
+
+        apply_plan(model, fp8_plan)
+    return model

@@ -39,12 +39,12 @@ class DenseArch(nn.Module):
 
 class LatticeNet(nn.Module):
     def __init__(self, config: PlatformConfig, size: ModelSize, n_dense: int, objectives: list[str] | None = None,
-                 domain_token: bool | None = None, domain_untied: bool | None = None):
+                 domain_token: bool | None = None, domain_untied: bool | None = None, fitted: dict | None = None):
         super().__init__()
         self.objectives = list(objectives or config.objective_names)
         d = size.embedding_dim
         n_domains = len(config.domain_names)
-        self.sparse = SparseArch(config, size)
+        self.sparse = SparseArch(config, size, fitted)
         self.dense = DenseArch(n_dense, d) if n_dense else None
         use_domain = size.domain_token if domain_token is None else domain_token
         self.domain = nn.Embedding(n_domains, d) if use_domain else None

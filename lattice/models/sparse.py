@@ -23,8 +23,9 @@ def table_shape(config: PlatformConfig, size: ModelSize) -> list[tuple[str, int,
 class SparseArch(nn.Module):
     """KJT (one key per sparse feature) -> (B, F, D) tokens of width `size.embedding_dim`."""
 
-    def __init__(self, config: PlatformConfig, size: ModelSize):
+    def __init__(self, config: PlatformConfig, size: ModelSize, fitted: dict | None = None):
         super().__init__()
+        # fitted: feature -> fitted id map (lattice.hashing) for the schemes that need one
         shapes = table_shape(config, size)
         self.keys = [name for name, _, _ in shapes]
         self.dims = [dim for _, _, dim in shapes]

@@ -29,6 +29,7 @@ from lattice.data.loader import BatchLoader, table_rows
 from lattice.data.transforms import DenseStats
 from lattice.evaluation.metrics import cell_metrics, ne_from_sums
 from lattice.models import build_model, kind_of
+from lattice.models.saved import rebuild, saved_blob
 from lattice.models.cost import model_cost
 from lattice.models.remap import table_capacity_notes
 from lattice.progress import progress_bar
@@ -99,7 +100,10 @@ class Trainer:
         self.n_dense = len(self.stats.columns)
         self.kind = kind_of(spec.model)
         torch.manual_seed(spec.seed)
-        model = build_model(self.config, self.kind, self.n_dense)
+        from lattice.hashing.store import load_fitted
+
+        self.fitted = load_fitted(self.config, self.paths)  # feature -> fitted id map (hashing)
+        model = build_model(self.config, self.kind, self.n_dense, fitted=self.fitted)
         if self.stats.label_rates:
             model.set_output_bias(self.stats.label_rates)
         tr = self.config.training
@@ -317,14 +321,12 @@ class Trainer:
         full = D.full_state_dict(self.model)
         if self.rank != 0:
             return None
-        plain = build_model(self.config, self.kind, self.n_dense)
-        plain.load_state_dict(full)
-        cost = model_cost(plain, self.config, self.n_dense)
-        torch.save({
-            "name": self.spec.model, "kind": self.kind, "n_dense": self.n_dense, "dense_stats": self.stats.to_json(),
-            "config": self.spec.config, "plan": self.plan_json, "world_size": self.world, "cost": cost,
-            "best_epoch": self.state.best_epoch, "state_dict": full,
-        }, self.dir / "model.pt")
+        blob = saved_blob(name=self.spec.model, kind=self.kind, n_dense=self.n_dense, stats=self.stats,
+                          config=self.spec.config, state_dict=full, fitted=self.fitted, fp8_plan=None,
+                          plan=self.plan_json, world_size=self.world, best_epoch=self.state.best_epoch)
+        plain = rebuild(blob)  # what every later stage will load: checks the blob rebuilds
+        blob["cost"] = cost = model_cost(plain, self.config, self.n_dense)
+        torch.save(blob, self.dir / "model.pt")
         attach_passthrough(self.config, Path(self.spec.table), preds).to_parquet(self.dir / "predictions.parquet", index=False)
         metrics = cell_metrics(self.config, preds)
         metrics.update({"model": self.spec.model, "kind": self.kind, "cost": cost, "best_epoch": self.state.best_epoch,

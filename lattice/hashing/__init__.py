@@ -1,0 +1,1 @@
+"""Compressed embeddings: fitted id maps (vocab, learned, mixed), QR, zero-collision tables."""

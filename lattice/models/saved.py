@@ -1,0 +1,69 @@
+"""One way back from a saved model: `rebuild(blob)` and `load_saved(model_dir)`.
+
+A trained model's `model.pt` (written by the trainer, `saved_blob`) holds everything needed to
+rebuild it exactly: the config it was trained with, its kind and dense width, the fitted id maps
+of its compressed embeddings (`hashing`) and its FP8 plan (`fp8`). Training, evaluation,
+distillation scoring, export and the gate all rebuild through here, never from a caller's config,
+so a model evaluated, scored or served is the model that was trained.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from lattice.config import PlatformConfig
+from lattice.data.transforms import DenseStats
+from lattice.models.build import build_model
+
+META_KEYS = ("name", "plan", "cost", "best_epoch", "world_size", "fp8", "hashing")
+
+
+@dataclass
+class Saved:
+    model: nn.Module
+    stats: DenseStats
+    config: PlatformConfig
+    """The config the model was trained with (its features and domains define the inputs)."""
+    blob: dict
+    path: Path
+
+
+def saved_blob(*, name: str, kind: str, n_dense: int, stats: DenseStats, config: dict, state_dict: dict,
+               fitted: dict | None = None, fp8_plan: dict | None = None, **meta: Any) -> dict:
+    """What the trainer writes to model.pt. `fitted`: feature -> fitted id map (json-able dict with
+    numpy/tensor arrays) for hashing schemes that need a fit; `fp8_plan`: the dispatcher's plan."""
+    return {"name": name, "kind": kind, "n_dense": int(n_dense), "dense_stats": stats.to_json(), "config": config,
+            "hashing": fitted or {}, "fp8": fp8_plan, "state_dict": state_dict, **meta}
+
+
+def rebuild(blob: dict, load_weights: bool = True) -> nn.Module:
+    """The model a blob describes (weights loaded unless `load_weights` is false), eval mode."""
+    config = PlatformConfig.model_validate(blob["config"])
+    model = build_model(config, blob["kind"], int(blob["n_dense"]), fitted=blob.get("hashing") or None,
+                        fp8_plan=blob.get("fp8"))
+    if load_weights:
+        model.load_state_dict(blob["state_dict"])
+    return model.eval()
+
+
+def read_blob(model_dir: Path) -> tuple[dict, Path]:
+    path = Path(model_dir) / "model.pt"
+    if not path.exists():
+        name = Path(model_dir).name
+        raise FileNotFoundError(f"no trained model at {path}; train it first (`lattice train CONFIG --model {name.split('@')[0]}`)")
+    return torch.load(path, map_location="cpu", weights_only=False), path
+
+
+def load_saved(model_dir: Path) -> Saved:
+    blob, path = read_blob(model_dir)
+    model = rebuild(blob)
+    # consumers that hold only the module (scoring, serving checks) read these
+    model.dense_stats = DenseStats.from_json(blob["dense_stats"])
+    model.kind, model.n_dense = blob["kind"], int(blob["n_dense"])
+    model.meta = {k: blob[k] for k in META_KEYS if k in blob}
+    return Saved(model, model.dense_stats, PlatformConfig.model_validate(blob["config"]), blob, path)
