@@ -514,9 +514,6 @@ class FP8(Strict):
     """Training steps between two updates of the probe's running statistics."""
     warmup_steps: int = Field(default=200, ge=1)
     """Steps trained in FP32 to learn the statistics; the plan is made then and FP8 starts."""
-    serving_tolerance: float = Field(default=0.002, ge=0)
-    """Gate: the FP8 artifact's NE may exceed the same weights' FP32 NE by at most this share in
-    every cell."""
 
 
 class Floors(Strict):
@@ -553,6 +550,9 @@ class Promotion(Strict):
     """Max |Δp| between the exported artifact and the training model (FP32 export)."""
     int8_tolerance: float = Field(default=0.02, gt=0)
     """Max |Δp| allowed when the embeddings are INT8 (quantization error is expected)."""
+    fp8_tolerance: float = Field(default=0.002, ge=0)
+    """A student with FP8 sites: in every cell its artifact's NE may exceed the NE of the same
+    weights run in FP32 by at most this share (relative)."""
 
 
 class FeatureStore(Strict):

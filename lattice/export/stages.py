@@ -45,6 +45,11 @@ def export_model(config: PlatformConfig, paths: Paths, model: str = "student", i
         "trained_at": dt.datetime.fromtimestamp(trained.path.stat().st_mtime, dt.timezone.utc).isoformat(timespec="seconds"),
         "exported_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "source_checksum": sha256_path(trained.path), "torch": torch.__version__, "cost": trained.blob.get("cost"),
+        "fp8_sites": {s["site"]: s["choice"] for s in (trained.blob.get("fp8") or {}).get("sites", []) if s["choice"] != "fp32"},
+        # per sparse feature: its hashing scheme and the versions of the fitted id maps inside the artifact
+        "embeddings": {f.name: {"hashing": f.hashing, "fits": {str(r): m.get("version") for r, m in
+                                                               (trained.blob.get("hashing") or {}).get(f.name, {}).items()}}
+                       for f in trained.config.features.sparse},
     }
     (tmp / "metadata.json").write_text(json.dumps(meta, indent=1, default=str))
 

@@ -40,6 +40,9 @@ class TaskSpec:
     without that keyword fails the task instead of silently ignoring the user's choice."""
     fixed: dict[str, Any] = field(default_factory=dict)
     """Keywords always passed (e.g. model="teacher")."""
+    config_sets: dict[str, str] = field(default_factory=dict)
+    """Run parameter -> config key it sets for this run (like `--set KEY=VALUE`), e.g. the FP8
+    switch of the trigger form -> `fp8.enabled`; a parameter left empty keeps the config's value."""
     switch: tuple[str, str] | None = None
     """(boolean run parameter, stage): run that stage instead when the parameter is true."""
     outlet: AssetKind | None = None
@@ -114,7 +117,13 @@ def _training(config: PlatformConfig, what: str) -> list[ParamSpec]:
         _int("epochs", config.training.epochs, "Epochs", f"Passes over the training set for the {what}.", 1, 100),
         _int("nproc", config.training.nproc, "Training processes",
              "torchrun processes (ranks) sharing the embedding tables; 1 trains without sharding.", 1, 64),
+        ParamSpec("fp8", None, "FP8",
+                  f"Train the {what} with FP8 GEMMs at the sites the probe finds safe (fp8.enabled); "
+                  "empty keeps the config's setting.", {"type": ["null", "boolean"]}),
     ]
+
+
+FP8_SET = {"fp8": "fp8.enabled"}
 
 
 def _features_params(config: PlatformConfig) -> list[ParamSpec]:
@@ -185,7 +194,7 @@ def dag_specs(config: PlatformConfig) -> list[DagSpec]:
             [
                 _model_task("train_teacher", "train", "Sharded teacher training under torchrun on the training set.",
                          forward={"epochs": "epochs", "nproc": "nproc"}, fixed={"model": "teacher"},
-                         replaces_model="teacher"),
+                         replaces_model="teacher", config_sets=FP8_SET),
                 _model_task("evaluate_teacher", "evaluate", "NE, AUC and calibration per (domain, objective) cell.",
                          fixed={"model": "teacher"}),
                 _model_task("register_teacher", "register", "Version the teacher in the model registry.",
@@ -199,7 +208,7 @@ def dag_specs(config: PlatformConfig) -> list[DagSpec]:
                 _model_task("distill_student", "distill",
                          "Teacher soft labels, student training on labels + soft labels, evaluation and cost report.",
                          forward={"epochs": "epochs", "nproc": "nproc"}, fixed={"export": False, "register": False},
-                         replaces_model="student"),
+                         replaces_model="student", config_sets=FP8_SET),
                 _model_task("export_student", "export",
                             "Export the student for serving (TorchScript) and measure latency and size.",
                          fixed={"model": "student"}),

@@ -155,8 +155,10 @@ def run_task(config_file: str | Path, task: TaskSpec, params: dict[str, Any], sp
 
     params = dict(params or {})
     check_params(params, specs)
+    sets = [f"{key}={str(params[name]).lower() if isinstance(params[name], bool) else params[name]}"
+            for name, key in task.config_sets.items() if params.get(name) is not None]
     try:
-        config = load_config(str(config_file))
+        config = load_config(str(config_file), sets or None)
     except ConfigError as exc:
         raise DeterministicError(f"config {config_file} is invalid (fix the file; retrying cannot help):\n{exc}") from None
     stage = task.stage

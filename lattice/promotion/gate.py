@@ -78,6 +78,9 @@ class GateInputs:
     latency_p99_ms: float
     """p99 CPU time of one single-row prediction (process time: robust to other jobs on the machine)."""
     artifact_mb: float
+    fp8_fp32: dict[Cell, CellMetrics] | None = None
+    """With FP8 sites in the challenger: its training weights run in FP32 on the same window (the
+    FP8 artifact's cells are `challenger`); None when it has no FP8 site."""
 
 
 @dataclass(frozen=True)
@@ -161,6 +164,21 @@ def _cell_checks(p: Promotion, inputs: GateInputs) -> list[Reason]:
     return out
 
 
+def _fp8_checks(inputs: GateInputs, tolerance: float) -> list[Reason]:
+    """FP8 sites must not cost more than `tolerance` (relative NE) against the same weights in FP32,
+    in every cell: the plan's error estimate is a prediction, this is the measurement."""
+    out = []
+    for cell, m in inputs.challenger.items():
+        ref = inputs.fp8_fp32.get(cell)
+        if ref is None or not (ref.ne == ref.ne):
+            continue
+        bound = ref.ne * (1 + tolerance)
+        out.append(Reason("fp8_parity", m.ne <= bound,
+                          f"FP8 artifact NE {m.ne:.4f} vs the same weights in FP32 {ref.ne:.4f} (limit {bound:.4f})",
+                          "/".join(cell), m.ne, bound))
+    return out
+
+
 def decide(p: Promotion, inputs: GateInputs) -> Decision:
     if not inputs.challenger:
         return Decision(False, [Reason("cells", False, "the challenger has no evaluated cell; is the evaluation window empty?")])
@@ -181,6 +199,8 @@ def decide(p: Promotion, inputs: GateInputs) -> Decision:
         f"exported artifact vs training model: max |Δp| {inputs.export_max_abs_diff:.2e} (tolerance {inputs.export_tolerance:g})",
         None, inputs.export_max_abs_diff, inputs.export_tolerance,
     ))
+    if inputs.fp8_fp32 is not None:
+        reasons += _fp8_checks(inputs, p.fp8_tolerance)
     ok = inputs.latency_p99_ms <= p.max_latency_ms
     reasons.append(Reason(
         "latency", ok, f"single-request p99 CPU time {inputs.latency_p99_ms:.2f} ms (budget {p.max_latency_ms:g} ms)",

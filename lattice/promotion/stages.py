@@ -43,6 +43,26 @@ def _teacher_cells(config: PlatformConfig, folder, window):
     return gate_cells(config, window, probs)
 
 
+def _fp32_cells(config: PlatformConfig, folder, window):
+    """The challenger's training weights in FP32 on the window, when its plan put any GEMM site in
+    FP8 (the gate's fp8_parity check); None otherwise."""
+    from lattice.data.loader import batch_from_frame
+    from lattice.data.transforms import DenseStats
+    from lattice.models.saved import read_blob, rebuild
+    from lattice.promotion.metrics import gate_cells
+
+    blob, _ = read_blob(folder)
+    plan = blob.get("fp8") or {}
+    if not any(s.get("choice", "fp32") != "fp32" for s in plan.get("sites", [])):
+        return None
+    fp32 = rebuild({**blob, "fp8": None})
+    trained_config = PlatformConfig.model_validate(blob["config"])
+    batch = batch_from_frame(trained_config, DenseStats.from_json(blob["dense_stats"]), window)
+    with torch.no_grad():
+        probs = {o: torch.sigmoid(v).numpy() for o, v in fp32(batch.dense, batch.sparse, batch.domain).items()}
+    return gate_cells(config, window, probs)
+
+
 def _artifact_parity(folder, predictor, window) -> float:
     """Max |Δp| between the registered artifact and the registered training weights next to it."""
     from lattice.export.trained import load_trained
@@ -118,6 +138,7 @@ def promote(config: PlatformConfig, paths: Paths, dry_run: bool = False, max_row
     inputs = GateInputs(
         challenger=ch_cells, champion=champ_cells, student_macro_ne=macro_ne(ch_cells), teacher_macro_ne=teacher_macro,
         export_max_abs_diff=parity, export_tolerance=tolerance, latency_p99_ms=lat["cpu_p99_ms"], artifact_mb=mb,
+        fp8_fp32=_fp32_cells(config, ch_folder, window),
     )
     decision = decide(config.promotion, inputs).to_dict()
     decision["reasons"].insert(0, asdict(integrity_ok))

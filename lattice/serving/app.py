@@ -387,6 +387,9 @@ def create_app(config: PlatformConfig, paths: Paths, poll_seconds: float = 2.0, 
             "objectives": config.objective_names,
             "domains": config.domain_names,
             "loaded_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(served.loaded_at)),
+            # GEMM sites that run in FP8 in this artifact (site -> recipe); empty: all FP32
+            "fp8_sites": served.model.metadata.get("fp8_sites", {}),
+            "embeddings": served.model.metadata.get("embeddings", {}),
         }
 
     return app

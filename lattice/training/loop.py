@@ -34,6 +34,7 @@ from lattice.models.cost import model_cost
 from lattice.models.remap import table_capacity_notes
 from lattice.progress import progress_bar
 from lattice.training import distributed as D
+from lattice.training.fp8_run import Fp8Run
 from lattice.training.loss import mdmo_loss
 from lattice.training.spec import RunSpec
 
@@ -110,6 +111,7 @@ class Trainer:
         tables = [p for m in model.modules() if isinstance(m, EmbeddingBagCollection) for p in m.parameters()]
         # the table update runs inside backward (fused with the gradient in the sharded kernel)
         apply_optimizer_in_backward(SPARSE_OPTIMIZERS[tr.sparse_optimizer], tables, {"lr": tr.lr_sparse})
+        self.fp8 = Fp8Run(self.config, self.kind, model, self.rank, self.world)
         self.plan = D.make_plan(model, self.world, D.sharding_types(tr.sharding_types))
         self.plan_json = D.plan_to_json(self.plan)
         if self.rank == 0:
@@ -144,7 +146,7 @@ class Trainer:
             "world_size": self.world, "model": D.local_state(self.model.state_dict()),
             "fused_opt": D.local_state(self.model.fused_optimizer.state_dict()),
             "dense_opt": self.dense_opt.state_dict(), "state": asdict(self.state), "best": self.best,
-            "rng": torch.get_rng_state(),
+            "rng": torch.get_rng_state(), "fp8": self.fp8.state(),
         }
         path = self._ckpt()
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -168,6 +170,7 @@ class Trainer:
         self.state = TrainState(**blob["state"])
         self.best = blob["best"]
         torch.set_rng_state(blob["rng"])
+        self.fp8.load(blob.get("fp8"))
         return True
 
     # ------------------------------------------------------------ epochs
@@ -196,6 +199,7 @@ class Trainer:
             self.dense_opt.step()
             st.step_in_epoch += 1
             st.global_step += 1
+            self.fp8.after_step(st.global_step)
             value = loss.item()
             st.epoch_loss += value * len(batch)
             st.epoch_examples += len(batch)
@@ -317,16 +321,21 @@ class Trainer:
     def finish(self) -> dict | None:
         if self.best is not None:
             D.copy_local_state(self.model.state_dict(), self.best)
+        self.fp8.finish()
+        fp8_probe = self.fp8.probe_for_blob()
         preds = self.predict_test()
         full = D.full_state_dict(self.model)
         if self.rank != 0:
             return None
         blob = saved_blob(name=self.spec.model, kind=self.kind, n_dense=self.n_dense, stats=self.stats,
-                          config=self.spec.config, state_dict=full, fitted=self.fitted, fp8_plan=None,
+                          config=self.spec.config, state_dict=full, fitted=self.fitted, fp8_plan=self.fp8.plan,
+                          fp8_probe=fp8_probe,
                           plan=self.plan_json, world_size=self.world, best_epoch=self.state.best_epoch)
         plain = rebuild(blob)  # what every later stage will load: checks the blob rebuilds
         blob["cost"] = cost = model_cost(plain, self.config, self.n_dense)
         torch.save(blob, self.dir / "model.pt")
+        if self.fp8.plan is not None:
+            (self.dir / "fp8_plan.json").write_text(json.dumps(self.fp8.plan, indent=1))
         attach_passthrough(self.config, Path(self.spec.table), preds).to_parquet(self.dir / "predictions.parquet", index=False)
         metrics = cell_metrics(self.config, preds)
         metrics.update({"model": self.spec.model, "kind": self.kind, "cost": cost, "best_epoch": self.state.best_epoch,

@@ -175,3 +175,19 @@ def test_ne_standard_error_covers_the_sampling_noise_of_ne():
         nes.append(ne(y, p))
         ses.append(ne_standard_error(y, p))
     assert np.std(nes) == pytest.approx(np.mean(ses), rel=0.25)
+
+
+def test_fp8_artifact_is_held_to_its_own_weights_in_fp32_in_every_cell(config):
+    tol = config.promotion.fp8_tolerance
+    fp32 = _cells(config, ne=0.80)
+    close = decide(config.promotion, _inputs(config, _cells(config, ne=0.80 * (1 + tol / 2)), None, fp8_fp32=fp32))
+    checks = [r for r in close.reasons if r.check == "fp8_parity"]
+    assert len(checks) == len(fp32) and all(r.passed for r in checks)
+    worse = dict(_cells(config, ne=0.80))
+    cell = sorted(worse)[0]
+    worse[cell] = _cells(config, ne=0.80 * (1 + 2 * tol))[cell]
+    d = decide(config.promotion, _inputs(config, worse, None, fp8_fp32=fp32))
+    assert not d.passed
+    assert [r.cell for r in d.failed if r.check == "fp8_parity"] == ["/".join(cell)]
+    # no FP8 site: no fp8 check at all
+    assert not [r for r in decide(config.promotion, _inputs(config, fp32, None)).reasons if r.check == "fp8_parity"]
