@@ -323,3 +323,28 @@ def test_a_failed_training_keeps_the_previous_model_whole(tmp_path: Path, monkey
     assert out["summary"]["model_dir"] == str(old)  # the summary names where the model ended up
     assert out["summary"]["report"] == str(tmp_path / "work" / "reports" / "x.json")
     assert not (tmp_path / "work" / ".staging").exists()
+
+
+@pytest.mark.parametrize("value", [True, False, None])
+def test_the_fp8_switch_of_the_training_forms_sets_fp8_enabled_for_the_run(tmp_path: Path, monkeypatch, value) -> None:
+    from lattice import stages
+
+    seen = {}
+
+    def fake_train(config, paths, **kw):
+        seen["fp8"] = config.fp8.enabled
+        model = paths.model_dir(kw.get("model", "student"))
+        model.mkdir(parents=True, exist_ok=True)
+        (model / "model.pt").write_bytes(b"stand-in")  # what the staging commit checks for
+        return {"ok": True}
+
+    config = load_config(ROOT / "configs" / "demo.yaml")
+    for family, task_id in (("train_teacher", "train_teacher"), ("distill", "distill_student")):
+        spec = next(s for s in dag_specs(config) if s.family == family)
+        task = next(t for t in spec.tasks if t.task_id == task_id)
+        assert "fp8" in {p.name for p in spec.params} and _schema_ok(spec, "fp8", value)
+        monkeypatch.setattr(stages, "get_stage", lambda name: fake_train)
+        monkeypatch.setenv("LATTICE_WORKDIR", str(tmp_path))
+        seen.clear()
+        run_task(ROOT / "configs" / "demo.yaml", task, {**defaults(spec), "fp8": value}, spec.params)
+        assert seen["fp8"] is (config.fp8.enabled if value is None else value)
