@@ -52,6 +52,14 @@ class Paths:
     def validation(self) -> Path:
         return self.workdir / "validation"
 
+    @property
+    def hashing(self) -> Path:
+        """Fitted id maps (`lattice hashing fit`), one `.json` + `.npz` per sparse feature."""
+        # a fit belongs to the training table, not to one model run: a model staged under
+        # <workdir>/.staging/<run>/ (lattice.orchestration.run_paths) reads its home's fits
+        home = self.workdir.parent.parent if self.workdir.parent.name == ".staging" else self.workdir
+        return home / "hashing"
+
     # model stages
     @property
     def models(self) -> Path:

@@ -11,6 +11,7 @@ from typing import Any, Callable
 STAGES: dict[str, str] = {
     "synth": "lattice.data.synth_stage:synth",
     "train": "lattice.training.stages:train",
+    "train_gbdt": "lattice.training.gbdt_stage:train_gbdt",
     "score": "lattice.training.stages:score_stage",
     "evaluate": "lattice.evaluation.stages:evaluate",
     "distill": "lattice.distill.stages:distill",
@@ -26,6 +27,8 @@ STAGES: dict[str, str] = {
     "feast_apply": "pipelines.feast_jobs:feast_apply",
     "training_set": "pipelines.feast_jobs:build_training_set",
     "materialize": "pipelines.feast_jobs:materialize",
+    # id maps of the vocab / mixed / learned hashing schemes, fitted on the training split
+    "hashing_fit": "lattice.hashing.fit:fit_hashing",
 }
 
 

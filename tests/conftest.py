@@ -28,3 +28,15 @@ def shared_data() -> Path:
 def artifacts() -> Path:
     ARTIFACTS.mkdir(exist_ok=True)
     return ARTIFACTS
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """ONE real SparkSession for the whole pytest run (local[2], UI off, few shuffle partitions,
+    driver on 127.0.0.1), shared by every test that needs Spark."""
+    from pipelines.spark import get_spark
+
+    os.environ.setdefault("LATTICE_SPARK_MEMORY", "2g")
+    session = get_spark("local[2]", app_name="lattice-tests", shuffle_partitions=2)
+    yield session
+    session.stop()

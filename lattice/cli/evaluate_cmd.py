@@ -34,8 +34,16 @@ def _evaluate(args: argparse.Namespace) -> int:
     except FileNotFoundError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    from lattice.evaluation.report import comparison_lines
+    from lattice.evaluation.versus import versus_lines
+
     metrics = json.loads(open(out["report"]).read())["metrics"]
     print(summary_table(config, metrics))
+    for line in versus_lines(out.get("vs_trees")):
+        print(line)
+    if out.get("comparisons"):
+        print("\nNE(B) - NE(A) on the same test rows, paired bootstrap 95% interval (negative: B better):")
+        print("\n".join(comparison_lines(out["comparisons"])))
     print(f"\nreport: {out['report']}\nplots:  {out['plots']['ne_by_cell']}\n        {out['plots']['training_curves']}")
     return 0
 

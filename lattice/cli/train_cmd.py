@@ -1,4 +1,4 @@
-"""`lattice train CONFIG --model teacher|student|separate|pooled|mmoe|shared_bottom|all-baselines`."""
+"""`lattice train CONFIG --model teacher|student|separate|pooled|mmoe|shared_bottom|gbdt|gbdt_cell|all-baselines`."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import sys
 
 from lattice.cli.common import add_set_argument, load_or_exit
 
-CHOICES = ["teacher", "student", "separate", "pooled", "mmoe", "shared_bottom", "all-baselines"]
+CHOICES = ["teacher", "student", "separate", "pooled", "mmoe", "shared_bottom", "gbdt", "gbdt_cell", "all-baselines"]
 
 
 def summary_table(config, metrics: dict[str, dict]) -> str:
@@ -57,19 +57,27 @@ def _train(args: argparse.Namespace) -> int:
             print(f"\ninterrupted: {name} stopped; `lattice train {args.config} --model {name} --resume` continues "
                   f"from its last checkpoint (every {config.training.checkpoint_every} steps)", file=sys.stderr)
             return 130
-        print(f"trained {name} on {s['world_size']} rank(s) in {s['seconds']:.0f}s: best epoch {s['best_epoch']}, "
-              f"{s['cost']['params']:,} params, {s['cost']['flops_per_example']:,.0f} FLOPs/example -> {s['model_dir']}")
+        if "trees" in s["cost"]:  # a LightGBM baseline: trees, not parameters
+            print(f"trained {name} in {s['seconds']:.0f}s: {s['cost']['boosters']} booster(s), {s['cost']['trees']:,} trees, "
+                  f"{s['cost']['leaves']:,} leaves -> {s['model_dir']}")
+        else:
+            print(f"trained {name} on {s['world_size']} rank(s) in {s['seconds']:.0f}s: best epoch {s['best_epoch']}, "
+                  f"{s['cost']['params']:,} params, {s['cost']['flops_per_example']:,.0f} FLOPs/example -> {s['model_dir']}")
         results[name] = json.loads((paths.model_dir(name) / "metrics.json").read_text())
     # show the new models next to every other trained model of this workdir
     for other in sorted(p.name for p in paths.models.glob("*") if (p / "metrics.json").exists()):
         results.setdefault(other, json.loads((paths.model_dir(other) / "metrics.json").read_text()))
+    from lattice.evaluation.versus import versus_lines, versus_trees
+
     print()
     print(summary_table(config, results))
+    for line in versus_lines(versus_trees(results)):
+        print(line)
     return 0
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("train", help="train the MDMO teacher, the student or the baselines (TorchRec, torchrun)")
+    p = sub.add_parser("train", help="train the MDMO teacher, the student or the baselines (TorchRec, torchrun; LightGBM trees)")
     p.add_argument("config", help="platform config YAML, e.g. configs/demo.yaml")
     p.add_argument("--model", default="teacher", choices=CHOICES, help="what to train (all-baselines: those enabled in models.baselines)")
     p.add_argument("--nproc", type=int, default=None, help="ranks for torchrun (default: training.nproc; 1 = in this process)")

@@ -295,4 +295,12 @@ def data_problems(config: PlatformConfig, notes: list[str] | None = None) -> lis
         except (OSError, ValueError, csv.Error) as exc:  # an unreadable file (pyarrow's errors are among these)
             out.append(Problem(f"sources[{i}].format", s.format, f"cannot read {first} as {s.format} "
                                f"({type(exc).__name__}: {exc}); fix 'format' or the file"))
+    # modulo tables that merge many ids: from counts already on disk (a trained model's, else a
+    # bounded read of the consolidated table), never a pass over the raw logs
+    from lattice.hashing.collisions import config_check_notes
+
+    try:
+        notes += config_check_notes(config, paths)
+    except (OSError, ValueError) as exc:  # an unreadable table is the feature stage's to report
+        notes.append(f"collision check skipped: {type(exc).__name__}: {exc}")
     return out

@@ -8,13 +8,28 @@ FLOAT_BYTES = 4
 
 
 def table_rows(f: SparseFeature) -> int:
-    """Rows the feature's embedding table(s) hold: every scheme spends `num_embeddings` as its
-    row budget (QR over its two tables, learned over frequent, clustered and unseen rows)."""
+    """Row budget of the feature's embedding table(s): every scheme spends `num_embeddings` (QR
+    over its two tables, learned over frequent, clustered and unseen rows; vocab's fitted table
+    may be smaller; mixed may hold more, narrower rows within the same parameters)."""
     return f.num_embeddings
 
 
 def embedding_bytes(config: PlatformConfig) -> int:
-    return sum(table_rows(f) * f.embedding_dim * FLOAT_BYTES for f in config.features.sparse)
+    """fp32 bytes of every feature's embedding parameters (`lattice.hashing.layout.embedding_params`:
+    QR concat is half a table; vocab, learned and mixed at most a full one)."""
+    from lattice.hashing.layout import embedding_params  # no torch
+
+    return sum(embedding_params(f) * FLOAT_BYTES for f in config.features.sparse)
+
+
+def _lookup_note(f: SparseFeature) -> str:
+    """The feature's id-lookup buffers (not parameters; the artifact carries them)."""
+    from lattice.hashing.layout import lookup_bytes
+
+    n = lookup_bytes(f)
+    if n is None:
+        return "  + lookup 16 B per fitted id"
+    return f"  + lookup {_mib(n)}" if n else ""
 
 
 def _mib(n: int) -> str:
@@ -42,5 +57,5 @@ def render_summary(config: PlatformConfig) -> str:
         f"({_mib(embedding_bytes(config) // 4)} at int8)",
     ]
     for s in f.sparse:
-        lines.append(f"  {s.name:<18} dim {s.embedding_dim:>4}  rows {table_rows(s):>10,}  hashing {s.hashing}")
+        lines.append(f"  {s.name:<18} dim {s.embedding_dim:>4}  rows {table_rows(s):>10,}  hashing {s.hashing}{_lookup_note(s)}")
     return "\n".join(lines)

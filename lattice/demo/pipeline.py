@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from lattice.config import PlatformConfig
+from lattice.config.schema import HASHING_NEEDS_FIT
 from lattice.demo.report import write_html
 from lattice.demo.run import DemoRunner, write_json
 from lattice.paths import Paths
@@ -21,6 +22,8 @@ def baseline_names(config: PlatformConfig) -> list[str]:
     names = [n for n, on in (("separate", b.separate), ("pooled", b.pooled)) if on]
     if b.multitask != "none":
         names.append(b.multitask)
+    # the LightGBM baselines: what every deep model must beat on the same split and features
+    names += [n for n, on in (("gbdt", b.gbdt), ("gbdt_cell", b.gbdt_cell)) if on]
     return names
 
 
@@ -37,6 +40,9 @@ def run_demo(config: PlatformConfig, paths: Paths, rows: int, nproc: int = 2, ep
         features = runner.step("features", "features: Spark consolidation, GX validation, Feast",
                                lambda: run_stage("features", config, paths))
         report["pipeline"] = pipeline_section(features)
+        if any(f.hashing in HASHING_NEEDS_FIT for f in config.features.sparse):
+            report["hashing"] = runner.step("hashing", "hashing fit: id maps of the compressed embeddings",
+                                            lambda: run_stage("hashing_fit", config, paths))
         runner.step("teacher", f"MDMO teacher on TorchRec ({nproc} ranks)",
                     lambda: run_stage("train", config, paths, model="teacher", nproc=nproc, epochs=epochs, progress=progress))
         for b in baseline_names(config):
@@ -88,7 +94,7 @@ def collect(config: PlatformConfig, paths: Paths) -> dict[str, Any]:
         models[folder.name] = {
             "cells": metrics.get("cells", {}), "macro": metrics.get("macro", {}),
             "by_objective": metrics.get("by_objective", {}), "cost": metrics.get("cost"),
-            "history": history,
+            "history": history, "calibration": metrics.get("calibration"),
         }
     oracle = {c: {"ne": v["oracle_ne"]} for m in models.values() for c, v in m["cells"].items() if "oracle_ne" in v}
     headline = {name: {o: v.get("ne") for o, v in m.get("by_objective", {}).items()} for name, m in models.items()}
@@ -97,8 +103,22 @@ def collect(config: PlatformConfig, paths: Paths) -> dict[str, Any]:
             o: sum(v["ne"] for c, v in oracle.items() if c.endswith(f"/{o}")) / max(1, sum(1 for c in oracle if c.endswith(f"/{o}")))
             for o in config.objective_names
         }
-    return {"models": models, "oracle": {"cells": oracle}, "headline": headline,
-            "calibration_curves": _calibration_curves(config, paths, list(models))}
+    from lattice.evaluation.versus import versus_trees
+
+    return {"models": models, "oracle": {"cells": oracle}, "headline": headline, "vs_trees": versus_trees(models),
+            "calibration_curves": _calibration_curves(config, paths, list(models)),
+            "comparisons": _comparisons(config, paths, list(models))}
+
+
+def _comparisons(config: PlatformConfig, paths: Paths, models: list[str]) -> list[dict[str, Any]]:
+    """Every pair of trained models (teacher first) on their common test rows: the paired
+    bootstrap NE difference per cell and macro (lattice.evaluation.compare)."""
+    from lattice.demo.report import MODEL_ORDER
+    from lattice.evaluation.compare import compare_models
+    from lattice.evaluation.stages import load_test_predictions
+
+    ordered = sorted(models, key=lambda m: (MODEL_ORDER.index(m) if m in MODEL_ORDER else len(MODEL_ORDER), m))
+    return compare_models(config, load_test_predictions(paths, ordered))
 
 
 def _calibration_curves(config: PlatformConfig, paths: Paths, models: list[str], bins: int = 10) -> dict[str, Any]:

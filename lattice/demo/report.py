@@ -1,6 +1,7 @@
 """Render the demo report (a plain dict, also saved as report.json) to a self-contained HTML page
 with embedded PNG plots: training curves, per-cell NE bars, reliability curves, student-vs-teacher
-cost, plus the reconciliation, metrics, promotion and timing tables."""
+cost, plus the reconciliation, metrics, calibration-stage, model-pair comparison, promotion and
+timing tables."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-MODEL_ORDER = ["teacher", "student", "mmoe", "shared_bottom", "pooled", "separate", "student_no_teacher"]
+MODEL_ORDER = ["teacher", "student", "mmoe", "shared_bottom", "pooled", "separate", "gbdt", "gbdt_cell", "student_no_teacher"]
 
 
 
@@ -138,6 +139,64 @@ def metrics_rows(report: dict[str, Any]) -> list[list[Any]]:
     return rows
 
 
+def comparison_rows(report: dict[str, Any]) -> list[list[Any]]:
+    """One row per model pair: NE(B) - NE(A) macro with its paired bootstrap 95% interval and
+    verdict, and which cells go which way."""
+    rows = []
+    for c in report.get("comparisons") or []:
+        if "error" in c:
+            rows.append([f"{c['b']} vs {c['a']}", None, "", "not compared", c["error"]])
+            continue
+
+        def said(verdict: str) -> str:
+            return {"A better": f"{c['a']} better", "B better": f"{c['b']} better"}.get(verdict, verdict)
+
+        by: dict[str, list[str]] = {}
+        for cell, v in c["cells"].items():
+            by.setdefault(said(v["verdict"]), []).append(cell)
+        m = c["macro"]
+        rows.append([f"{c['b']} vs {c['a']}", m["ne_diff"], f"[{m['low']:+.4f}, {m['high']:+.4f}]", said(m["verdict"]),
+                     "; ".join(f"{k}: {', '.join(v)}" for k, v in sorted(by.items()))])
+    return rows
+
+
+def calibration_rows(report: dict[str, Any]) -> list[list[Any]]:
+    """Per model and cell: the calibration stage's map and the test calibration / ECE before -> after."""
+    rows = []
+    for m in _models(report):
+        cal = report["models"][m].get("calibration") or {}
+        for cell, c in sorted(cal.get("cells", {}).items()):
+            t = c.get("test") or {}
+            b, a = t.get("before", {}), t.get("after", {})
+            rows.append([m, cell, c.get("fit"), t.get("positives"), b.get("calibration"), a.get("calibration"), b.get("ece"), a.get("ece")])
+    return rows
+
+
+def vs_trees_html(versus: dict[str, Any] | None) -> list[str]:
+    """The deep models against the best gradient-boosted-trees baseline per cell
+    (lattice.evaluation.versus): one sentence per deep model, then the ΔNE table."""
+    if not versus:
+        return []
+    parts = ["<h2>Deep models vs gradient-boosted trees</h2>"]
+    items = []
+    deep = sorted(versus["summary"], key=lambda m: (MODEL_ORDER.index(m) if m in MODEL_ORDER else len(MODEL_ORDER), m))
+    for d in deep:
+        s = versus["summary"][d]
+        if not s["cells"]:
+            continue
+        cls = "ok" if s["better"] > s["worse"] else "bad" if s["worse"] > s["better"] else ""
+        items.append(f"<li><b class='{cls}'>{html.escape(d)}</b>: better than trees in {s['better']}, tied in {s['tie']}, "
+                     f"worse in {s['worse']} of {s['cells']} cells (mean ΔNE {s['mean_delta']:+.4f})</li>")
+    parts.append("<ul>" + "".join(items) + "</ul>")
+    rows = [[cell, f"{r['tree']} {r['tree_ne']:.4f}"]
+            + [f"{r['deep'][d]['delta']:+.4f} ({r['deep'][d]['verdict']})" if d in r["deep"] else "" for d in deep]
+            for cell, r in versus["cells"].items()]
+    parts.append(_table(rows, ["cell", "best tree (test NE)"] + [f"{d} ΔNE" for d in deep]))
+    parts.append("<p>ΔNE = the deep model's test NE minus the best tree's (negative: the deep model is better); "
+                 "a tie is a difference within noise.</p>")
+    return parts
+
+
 def render_html(report: dict[str, Any]) -> str:
     h = report.get("header", {})
     parts = [
@@ -160,6 +219,8 @@ def render_html(report: dict[str, Any]) -> str:
         objs = sorted({o for v in head.values() for o in v})
         parts.append(_table([[m] + [head[m].get(o) for o in objs] for m in head], ["model"] + objs))
 
+    parts += vs_trees_html(report.get("vs_trees"))
+
     rec = report.get("pipeline", {}).get("reconciliation", {})
     if rec:
         parts.append("<h2>Pipeline reconciliation</h2>")
@@ -175,6 +236,13 @@ def render_html(report: dict[str, Any]) -> str:
     if h.get("split"):
         parts.append(f"<p>Every model was trained, validated and tested on one split: {html.escape(str(h['split']))}.</p>")
     parts.append(_table(metrics_rows(report), ["model", "cell", "NE", "AUC", "calibration", "oracle NE"]))
+    if calibration_rows(report):
+        parts.append("<h3>Calibration stage (fitted per cell on the validation split, measured on test)</h3>")
+        parts.append(_table(calibration_rows(report), ["model", "cell", "map", "test positives", "calibration before", "after",
+                                                       "ECE before", "after"]))
+    if comparison_rows(report):
+        parts.append("<h3>Model pairs on the same test rows: NE(B) &minus; NE(A), paired bootstrap 95% interval</h3>")
+        parts.append(_table(comparison_rows(report), ["B vs A", "macro NE diff", "95% interval", "verdict", "cells"]))
 
     for title, fn in (("Training curves", plot_training_curves), ("NE per cell", plot_ne_bars),
                       ("Calibration", plot_reliability), ("Student vs teacher cost", plot_cost)):

@@ -71,6 +71,20 @@ def calibration(y: np.ndarray, p: np.ndarray) -> float:
     return float(np.sum(p)) / s if s > 0 else float("nan")
 
 
+def expected_calibration_error(y: np.ndarray, p: np.ndarray, bins: int = 10) -> float:
+    """Mean |mean prediction - observed rate| over `bins` equal-mass bins of the predictions,
+    weighted by rows: the miscalibration the ratio above hides when errors of opposite sign
+    cancel (over-predicting the top bins, under-predicting the bottom ones)."""
+    y, p = np.asarray(y, np.float64), np.asarray(p, np.float64)
+    if len(y) == 0:
+        return float("nan")
+    order = np.argsort(p, kind="stable")
+    ids = np.arange(len(y)) * min(bins, len(y)) // len(y)
+    count = np.bincount(ids)
+    gap = np.abs(np.bincount(ids, p[order]) - np.bincount(ids, y[order]))
+    return float(gap.sum() / count.sum())
+
+
 def _nanmean(xs: list[float]) -> float:
     xs = [x for x in xs if x == x]
     return float(np.mean(xs)) if xs else float("nan")
@@ -84,7 +98,7 @@ def cell_metrics(config: PlatformConfig, df: pd.DataFrame, prob_prefix: str = "p
         y = df.loc[sel, f"label_{o}"].to_numpy(np.float64)
         p = df.loc[sel, f"{prob_prefix}{o}"].to_numpy(np.float64)
         c = {"n": int(len(y)), "positives": int(y.sum()), "ne": ne(y, p), "auc": auc(y, p), "calibration": calibration(y, p),
-             "log_loss": log_loss(y, p) if len(y) else float("nan"),
+             "ece": expected_calibration_error(y, p), "log_loss": log_loss(y, p) if len(y) else float("nan"),
              # sum p and sum p(1-p): the mean and variance of the positive count if the model were
              # calibrated, which the gate's calibration interval needs (lattice.promotion.gate)
              "expected_positives": float(p.sum()), "positives_variance": float((p * (1 - p)).sum()),

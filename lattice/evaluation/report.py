@@ -1,5 +1,6 @@
 """Evaluation report: one JSON with every model's per-cell metrics side by side plus the oracle,
-and two plots (per-cell NE bars, training curves)."""
+each model's calibration stage (test calibration and ECE before / after per cell), the paired
+bootstrap NE difference of every pair of models, and two plots (per-cell NE bars, training curves)."""
 
 from __future__ import annotations
 
@@ -29,7 +30,43 @@ def comparison(config: PlatformConfig, metrics: dict[str, dict]) -> dict:
             "cost": {name: m.get("cost") for name, m in metrics.items()}}
 
 
-def write_report(config: PlatformConfig, out: Path, metrics: dict[str, dict], histories: dict[str, dict]) -> dict:
+def calibration_table(metrics: dict[str, dict]) -> dict[str, dict]:
+    """model -> cell -> the calibration stage's map and its test calibration / ECE before and after
+    (models trained with `training.calibration: none` have none)."""
+    out = {}
+    for name, m in metrics.items():
+        cal = m.get("calibration")
+        if not cal:
+            continue
+        out[name] = {"method": cal.get("method"), "cells": {
+            cell: {"fit": c.get("fit"), **{f"{k}_{part}": (c.get("test") or {}).get(part, {}).get(k)
+                                           for part in ("before", "after") for k in ("calibration", "ece")}}
+            for cell, c in cal.get("cells", {}).items()}}
+    return out
+
+
+def _signed(x: float | None) -> str:
+    return "nan" if x is None or x != x else f"{x:+.4f}"
+
+
+def comparison_lines(comparisons: list[dict]) -> list[str]:
+    """One line per model pair (macro) and per cell: NE(B) - NE(A) [95% interval] and the verdict."""
+    lines = []
+    for c in comparisons:
+        if "error" in c:
+            lines.append(f"{c['b']} - {c['a']}: not compared: {c['error']}")
+            continue
+        m = c["macro"]
+        lines.append(f"{c['b']} - {c['a']}: macro NE {_signed(m['ne_diff'])} [{_signed(m['low'])}, {_signed(m['high'])}] "
+                     f"{m['verdict']}")
+        for cell, v in c["cells"].items():
+            lines.append(f"    {cell:24s} {_signed(v['ne_diff'])} [{_signed(v['low'])}, {_signed(v['high'])}] {v['verdict']}")
+    return lines
+
+
+def write_report(config: PlatformConfig, out: Path, metrics: dict[str, dict], histories: dict[str, dict],
+                 comparisons: list[dict] | None = None) -> dict:
+    """evaluation.json (+ plots). `comparisons`: lattice.evaluation.compare.compare_models's pairs."""
     out.mkdir(parents=True, exist_ok=True)
     comp = comparison(config, metrics)
     cells = comp["cells"]
@@ -67,8 +104,13 @@ def write_report(config: PlatformConfig, out: Path, metrics: dict[str, dict], hi
     plt.close(fig)
 
     from lattice.data.split import describe
+    from lattice.evaluation.versus import versus_trees
 
+    # the deep models against the tree baselines, cell by cell (None without a tree model)
+    comp["vs_trees"] = versus_trees(metrics, comparisons)
     report = {"models": list(metrics), "split": describe(config), **comp, "metrics": metrics,
+              "calibration": calibration_table(metrics), "comparisons": comparisons or [],
               "plots": {"ne_by_cell": str(out / "ne_by_cell.png"), "training_curves": str(out / "training_curves.png")}}
     (out / "evaluation.json").write_text(json.dumps(report, indent=1, default=lambda x: None))
-    return {"models": list(metrics), "macro": comp["macro"], "report": str(out / "evaluation.json"), "plots": report["plots"]}
+    return {"models": list(metrics), "macro": comp["macro"], "report": str(out / "evaluation.json"), "plots": report["plots"],
+            "comparisons": comparisons or [], "vs_trees": comp["vs_trees"]}

@@ -6,7 +6,13 @@ changing its numbers for in-range inputs:
     cannot know; `ScriptableRemap` walks the remap ModuleList instead;
   - `IdentityRemap` checks ids with a data-dependent branch (no graph can hold it); in the
     artifact it becomes `InRangeRemap` (ids mod rows: identical for every id the check accepts).
-Optionally the embedding tables become INT8 row-wise (torchrec `quantize_embeddings`).
+  - `ZCHRemap` (hashing zch) trains TorchRec's managed-collision module; in the artifact it
+    becomes its frozen map (`FittedLookup` over the sorted raw ids and their rows), the same
+    lookup the eval-mode module runs. The other compression modules (lattice.hashing) trace as
+    they are.
+Every GEMM site the FP8 plan switched (`recipe` set) becomes its inference form, a float8
+weight with its scales (lattice.export.fp8_serving): the autograd Function it trains with is not
+scriptable. Optionally the embedding tables become INT8 row-wise (torchrec `quantize_embeddings`).
 """
 
 # no `from __future__ import annotations`: FX codegen and TorchScript need real annotation objects
@@ -18,6 +24,9 @@ import torch
 from torch import nn
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from lattice.export.fp8_serving import SERVING_TYPES, serving_form
+from lattice.models.gemm import GemmSite
+from lattice.hashing.zch import ZCHRemap
 from lattice.models.remap import IdentityRemap, KJTRemap
 
 
@@ -64,12 +73,24 @@ def _swap(module: nn.Module) -> None:
             setattr(module, name, ScriptableRemap(child))
         elif isinstance(child, IdentityRemap):
             setattr(module, name, InRangeRemap(child.rows))
+        elif isinstance(child, ZCHRemap):
+            setattr(module, name, child.frozen())
+        elif isinstance(child, GemmSite) and child.recipe is not None:
+            setattr(module, name, serving_form(child))
         else:
             _swap(child)
     if isinstance(module, nn.ModuleList):
         for i, child in enumerate(module):
             if isinstance(child, IdentityRemap):
                 module[i] = InRangeRemap(child.rows)
+
+
+def fp8_sites(model: nn.Module) -> List[str]:
+    """Qualified names of the GEMM sites that run in FP8, in module order: sites with a recipe in
+    a training model, or their inference forms in a serving module (before tracing: a traced
+    artifact no longer knows which of its GEMMs were sites)."""
+    return [name for name, m in model.named_modules()
+            if (isinstance(m, GemmSite) and m.recipe is not None) or isinstance(m, SERVING_TYPES)]
 
 
 def serving_module(model: nn.Module, int8: bool = False) -> nn.Module:

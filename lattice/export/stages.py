@@ -21,6 +21,12 @@ log = logging.getLogger(__name__)
 CHECK_ROWS = 4096
 
 
+def _calibration_meta(maps: dict | None) -> dict | None:
+    if not maps:
+        return None
+    return {"method": maps.get("method"), "cells": {c: m.get("method") for c, m in maps.get("cells", {}).items()}}
+
+
 def export_model(config: PlatformConfig, paths: Paths, model: str = "student", int8: bool | None = None) -> dict:
     from lattice.export.predictor import Predictor
     from lattice.export.serving_module import script
@@ -47,6 +53,8 @@ def export_model(config: PlatformConfig, paths: Paths, model: str = "student", i
         "source_checksum": sha256_path(trained.path), "torch": torch.__version__, "cost": trained.blob.get("cost"),
         "fp8_sites": {s["site"]: s["choice"] for s in (trained.blob.get("fp8") or {}).get("sites", []) if s["choice"] != "fp32"},
         # per sparse feature: its hashing scheme and the versions of the fitted id maps inside the artifact
+        # the calibration stage the artifact applies (it is inside model.pt): method and per-cell map
+        "calibration": _calibration_meta(trained.blob.get("calibration")),
         "embeddings": {f.name: {"hashing": f.hashing, "fits": {str(r): m.get("version") for r, m in
                                                                (trained.blob.get("hashing") or {}).get(f.name, {}).items()}}
                        for f in trained.config.features.sparse},

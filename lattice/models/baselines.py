@@ -15,8 +15,10 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from lattice.config import PlatformConfig
 from lattice.config.schema import ModelSize
 from lattice.models.chain import apply_chains, chains, conditional_rates
+from lattice.models.gemm import Linear
 from lattice.models.interaction import mlp
 from lattice.models.lattice_net import LatticeNet, set_head_bias
+from lattice.models.mods import Mods
 from lattice.models.sparse import SparseArch
 
 
@@ -73,9 +75,14 @@ class MultiTaskModel(nn.Module):
         self.sparse = SparseArch(config, size, fitted)
         self.domain = nn.Embedding(len(config.domain_names), size.embedding_dim)
         n_in = (self.sparse.num_tokens + 1) * size.embedding_dim + n_dense
-        self.experts = nn.ModuleList([mlp(n_in, [expert_dim * 2], expert_dim, size.dropout) for _ in range(n_experts)])
-        self.gates = nn.ModuleDict({o: nn.Linear(n_in, n_experts) for o in self.objectives}) if n_experts > 1 else None
-        self.towers = nn.ModuleDict({o: mlp(expert_dim, size.head_dims, 1, size.dropout) for o in self.objectives})
+        mods = Mods.of(size)
+        self.experts = nn.ModuleList([mlp(n_in, [expert_dim * 2], expert_dim, size.dropout, size, head=False)
+                                      for _ in range(n_experts)])
+        # the experts' outputs are hidden layers too: their activation (and block norm) follow the Mods
+        self.expert_out = nn.Sequential(*mods.after_hidden(expert_dim))
+        self.gates = (nn.ModuleDict({o: Linear(n_in, n_experts, bias=mods.bias) for o in self.objectives})
+                      if n_experts > 1 else None)
+        self.towers = nn.ModuleDict({o: mlp(expert_dim, size.head_dims, 1, size.dropout, size) for o in self.objectives})
         self.chains = chains(config, self.objectives)
 
     def set_output_bias(self, rates: dict[str, float]) -> None:
@@ -83,9 +90,10 @@ class MultiTaskModel(nn.Module):
 
     def forward(self, dense: torch.Tensor, sparse: KeyedJaggedTensor, domain: torch.Tensor) -> dict[str, torch.Tensor]:
         x = torch.cat([self.sparse(sparse).flatten(1), self.domain(domain), dense], dim=1)  # (B, n_in)
-        e = torch.stack([torch.relu(ex(x)) for ex in self.experts], dim=1)  # (B, E, H)
+        e = torch.stack([self.expert_out(ex(x)) for ex in self.experts], dim=1)  # (B, E, H)
         out = {}
         for o in self.objectives:
+            # the expert mix is not an FP8 site: a (1, E) x (E, H) product per example (gemm.py)
             h = e[:, 0] if self.gates is None else torch.einsum("be,beh->bh", torch.softmax(self.gates[o](x), -1), e)  # (B, H)
             out[o] = self.towers[o](h).squeeze(-1)  # (B,)
         return apply_chains(out, self.chains)

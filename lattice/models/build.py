@@ -9,20 +9,24 @@ from lattice.models.baselines import MultiTaskModel, PooledModels, SeparateModel
 from lattice.models.lattice_net import LatticeNet
 
 MODEL_KINDS = ("teacher", "student", "separate", "pooled", "mmoe", "shared_bottom")
+"""The torch models `build_model` builds."""
+GBDT_KINDS = ("gbdt", "gbdt_cell")
+"""LightGBM baselines (lattice.models.gbdt): trained by their own stage, never by the torch trainer."""
 
 
 def kind_of(name: str) -> str:
     """A model *name* (its folder under models/) is its kind, optionally with a suffix after
     ':' or '@' (e.g. 'student@nodistill' trains the student architecture under another name)."""
     kind = name.split("@")[0].split(":")[0]
-    if kind not in MODEL_KINDS:
-        raise ValueError(f"unknown model {name!r}; use one of {MODEL_KINDS} (optionally 'kind@tag')")
+    if kind not in MODEL_KINDS + GBDT_KINDS:
+        raise ValueError(f"unknown model {name!r}; use one of {MODEL_KINDS + GBDT_KINDS} (optionally 'kind@tag')")
     return kind
 
 
 def baseline_names(config: PlatformConfig) -> list[str]:
     b = config.models.baselines
-    return (["separate"] if b.separate else []) + (["pooled"] if b.pooled else []) + ([b.multitask] if b.multitask != "none" else [])
+    return ((["separate"] if b.separate else []) + (["pooled"] if b.pooled else []) + ([b.multitask] if b.multitask != "none" else [])
+            + (["gbdt"] if b.gbdt else []) + (["gbdt_cell"] if b.gbdt_cell else []))
 
 
 def build_model(config: PlatformConfig, kind: str, n_dense: int, *, fitted: dict | None = None,
@@ -33,6 +37,9 @@ def build_model(config: PlatformConfig, kind: str, n_dense: int, *, fitted: dict
     the FP8 dispatcher's plan, applied to the GEMM sites it names (lattice.fp8). A saved model is
     rebuilt with the ones saved with it (lattice.models.saved.rebuild), never rebuilt by hand."""
     kind = kind_of(kind)
+    if kind in GBDT_KINDS:
+        raise ValueError(f"{kind!r} is a LightGBM baseline, not a torch module; train it with "
+                         "lattice.training.gbdt_stage.train_gbdt (`lattice train CONFIG --model gbdt`)")
     m = config.models
     if kind == "teacher":
         model = LatticeNet(config, m.teacher, n_dense, fitted=fitted)

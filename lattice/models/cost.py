@@ -18,10 +18,18 @@ def _ebcs(model: nn.Module) -> list[EmbeddingBagCollection]:
 
 
 def model_cost(model: nn.Module, config: PlatformConfig, n_dense: int, batch: int = 64) -> dict[str, float]:
-    emb_params = sum(p.numel() for e in _ebcs(model) for p in e.parameters())
+    """`embedding_params` counts the tables and what the compressed schemes add to them (mixed
+    blocks' projections); `lookup_bytes` the id-lookup buffers (fitted maps, zch ids), which are
+    no parameters but part of the model and its artifact."""
+    from lattice.hashing.modules import compressions, lookup_buffer_bytes
+
+    comp = compressions(model)
+    emb_params = sum(p.numel() for e in _ebcs(model) for p in e.parameters()) + sum(p.numel() for c in comp for p in c.parameters())
     total = sum(p.numel() for p in model.parameters())
-    # one id per sparse feature: pooling reads d values per lookup (counted as d FLOPs)
-    lookup_flops = sum(c.embedding_dim for e in _ebcs(model) for c in e.embedding_bag_configs())
+    # one id per sparse feature: pooling reads d values per lookup (counted as d FLOPs); a
+    # compressed feature reads its tables' widths (qr: both, mixed: one block's)
+    lookup_flops = sum(c.lookup_width() for c in comp) if comp else sum(
+        c.embedding_dim for e in _ebcs(model) for c in e.embedding_bag_configs())
     names = [f.name for f in config.features.sparse]
     kjt = kjt_from_ids(names, [np.arange(batch, dtype=np.int64) for _ in names], [np.ones(batch, bool) for _ in names])
     counter = FlopCounterMode(display=False)
@@ -33,6 +41,7 @@ def model_cost(model: nn.Module, config: PlatformConfig, n_dense: int, batch: in
         "params": int(total),
         "embedding_params": int(emb_params),
         "dense_params": int(total - emb_params),
+        "lookup_bytes": int(lookup_buffer_bytes(model)),
         "flops_per_example": float(dense_flops + lookup_flops),
         "dense_flops_per_example": float(dense_flops),
     }

@@ -66,12 +66,12 @@ class GemmSite:
             self.probe.observe(a2d.detach(), None if b2d is None else b2d.detach())
 
 
-def _fp8_mm(a: torch.Tensor, b: torch.Tensor, recipe: str, backward: str) -> torch.Tensor:
-    """a (M, K) @ b (N, K)^T in FP8 -> (M, N). Imported here, not at the top: lattice.fp8
-    imports the site classes from this module."""
-    from lattice.fp8.gemm import fp8_mm
+def _fp8():
+    """lattice.fp8.gemm (fp8_mm, fp8_bmm, fp8_linear), imported on first FP8 use, not at the top:
+    the dispatcher in lattice.fp8 imports the site classes from this module."""
+    from lattice.fp8 import gemm
 
-    return fp8_mm(a, b, recipe, backward)
+    return gemm
 
 
 class Linear(GemmSite, nn.Linear):
@@ -92,10 +92,7 @@ class Linear(GemmSite, nn.Linear):
             self._observe(x.reshape(-1, self.in_features), None)
         if self.recipe is None:
             return F.linear(x, self.weight, self.bias)
-        out = _fp8_mm(x.reshape(-1, self.in_features), self.weight, self.recipe, self.backward)  # (M, N)
-        if self.bias is not None:
-            out = out + self.bias
-        return out.reshape(x.shape[:-1] + (self.out_features,))
+        return _fp8().fp8_linear(x, self.weight, self.bias, self.recipe, self.backward)
 
 
 class TokenMix(GemmSite, nn.Module):
@@ -122,14 +119,18 @@ class TokenMix(GemmSite, nn.Module):
         if self.recipe is None:
             return torch.einsum("bnd,nm->bmd", x, self.weight)
         a = x.transpose(1, 2).reshape(-1, self.n_in)  # (B·D, N_in)
-        out = _fp8_mm(a, self.weight.t(), self.recipe, self.backward)  # (B·D, N_out)
+        out = _fp8().fp8_mm(a, self.weight.t(), self.recipe, self.backward)  # (B·D, N_out)
         return out.reshape(x.shape[0], -1, self.n_out).transpose(1, 2)  # (B, N_out, D)
 
 
 class PairMatmul(GemmSite, nn.Module):
-    """a @ b^T of two activations, contracting their last dim K: batched (B, M, K) x (B, N, K) ->
-    (B, M, N) with `torch.bmm`, or (M, K) x (N, K) -> (M, N) with `@`. K and N are fixed by the
-    network (they size the site); M is whatever rows the batch brings."""
+    """a @ b^T of two operands passed at call time, contracting their last dim K: batched
+    (B, M, K) x (B, N, K) -> (B, M, N) with `torch.bmm`, or unbatched (..., K) x (..., K) ->
+    (M, N) with `@`, each operand's leading dims flattened into rows. K and N are fixed by the
+    network (they size the site); M is whatever rows the batch brings. Unbatched, b may be a
+    parameter (DomainFM's scales): it is passed whole and viewed as (N, K) here, because a
+    view made outside a module call under no_grad would reach the module's input hooks (the
+    FLOP counter's) as a grad-requiring tensor without a grad_fn."""
 
     def __init__(self, k: int, n: int, batched: bool = True, rows_per_example: int = 1):
         super().__init__()
@@ -142,20 +143,13 @@ class PairMatmul(GemmSite, nn.Module):
     def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         if self.probe is not None:
             self._observe(a.reshape(-1, self.k), b.reshape(-1, self.k))
+        if not self.batched:
+            a, b = a.reshape(-1, self.k), b.reshape(-1, self.k)  # (M, K), (N, K)
         if self.recipe is None:
             return torch.bmm(a, b.transpose(1, 2)) if self.batched else a @ b.t()
-        if not self.batched:
-            return _fp8_mm(a, b, self.recipe, self.backward)  # (M, N)
-        return fp8_bmm(a, b, self.recipe, self.backward)  # (B, M, N)
-
-
-def fp8_bmm(a: torch.Tensor, b: torch.Tensor, recipe: str, backward: str) -> torch.Tensor:
-    """Batched a (B, M, K) @ b (B, N, K)^T in FP8 -> (B, M, N)."""
-    from lattice.fp8 import gemm as g
-
-    if hasattr(g, "fp8_bmm"):
-        return g.fp8_bmm(a, b, recipe, backward)
-    return g.fp8_mm(a, b, recipe, backward)
+        if self.batched:
+            return _fp8().fp8_bmm(a, b, self.recipe, self.backward)  # (B, M, N)
+        return _fp8().fp8_mm(a, b, self.recipe, self.backward)  # (M, N)
 
 
 def sites(model: nn.Module) -> list[tuple[str, GemmSite]]:

@@ -6,36 +6,43 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from lattice.config.schema import ModelSize
+from lattice.models.gemm import Linear, PairMatmul, TokenMix
+from lattice.models.mods import Mods
+
 
 class WukongLayer(nn.Module):
-    def __init__(self, n_in: int, n_out: int, dim: int, fm_rank: int, dropout: float = 0.0):
+    def __init__(self, n_in: int, n_out: int, dim: int, fm_rank: int, dropout: float = 0.0,
+                 size: ModelSize | None = None):
         super().__init__()
+        mods = Mods.of(size)
         self.n_fm = max(1, n_out // 2)
         self.n_lc = n_out - self.n_fm
         self.dim = dim
         # FMB: low-rank pairwise interactions X (X^T Y): O(N·k·D) instead of O(N²·D)
-        self.fm_proj = nn.Parameter(torch.randn(n_in, fm_rank) / n_in**0.5)  # (N, k)
+        self.fm_proj = TokenMix(n_in, fm_rank, dim)  # weight (N, k)
+        self.fm_pair = PairMatmul(dim, fm_rank, rows_per_example=n_in)  # x (B, N, D) · z (B, k, D)^T
         hidden = max(64, self.n_fm * dim)
         self.fm_mlp = nn.Sequential(
-            nn.LayerNorm(n_in * fm_rank),
-            nn.Linear(n_in * fm_rank, hidden), nn.ReLU(), nn.Dropout(dropout),
-            nn.Linear(hidden, self.n_fm * dim),
+            nn.LayerNorm(n_in * fm_rank, bias=mods.bias),
+            Linear(n_in * fm_rank, hidden, bias=mods.bias), *mods.after_hidden(hidden), nn.Dropout(dropout),
+            Linear(hidden, self.n_fm * dim, bias=mods.bias),
         )
         # LCB: linear recombination of tokens, keeps low-order information
-        self.lcb = nn.Parameter(torch.randn(n_in, self.n_lc) / n_in**0.5) if self.n_lc else None  # (N, n_lc)
-        self.skip = None if n_in == n_out else nn.Parameter(torch.randn(n_in, n_out) / n_in**0.5)  # (N, n_out)
-        self.norm = nn.LayerNorm(dim)
+        self.lcb = TokenMix(n_in, self.n_lc, dim) if self.n_lc else None  # weight (N, n_lc)
+        self.skip = None if n_in == n_out else TokenMix(n_in, n_out, dim)  # weight (N, n_out)
+        self.norm = nn.LayerNorm(dim, bias=mods.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, N, D) -> (B, n_out, D)
         b = x.shape[0]
-        z = torch.einsum("bnd,nk->bkd", x, self.fm_proj)  # (B, k, D)
-        inter = torch.bmm(x, z.transpose(1, 2))  # (B, N, k)
+        z = self.fm_proj(x)  # (B, k, D)
+        inter = self.fm_pair(x, z)  # (B, N, k)
         fm = self.fm_mlp(inter.flatten(1)).view(b, self.n_fm, self.dim)  # (B, n_fm, D)
         parts = [fm]
         if self.lcb is not None:
-            parts.append(torch.einsum("bnd,nm->bmd", x, self.lcb))  # (B, n_lc, D)
+            parts.append(self.lcb(x))  # (B, n_lc, D)
         out = torch.cat(parts, dim=1)  # (B, n_out, D)
-        res = x if self.skip is None else torch.einsum("bnd,nm->bmd", x, self.skip)
+        res = x if self.skip is None else self.skip(x)
         return self.norm(out + res)
 
 
@@ -51,13 +58,19 @@ class DomainFM(nn.Module):
         i, j = torch.triu_indices(n_tokens, n_tokens, offset=1)
         eye = torch.eye(n_tokens)
         # pairs are picked by one-hot matmuls: their backward is a matmul too, where an index
-        # gather's backward is a scatter (3x slower on CPU at batch 1024)
+        # gather's backward is a scatter (3x slower on CPU at batch 1024). They stay plain ops, not
+        # FP8 sites: multiplying by a 0/1 matrix copies tokens, so FP8 would only round them.
         self.register_buffer("pick_i", eye[i], persistent=False)  # (P, N)
         self.register_buffer("pick_j", eye[j], persistent=False)  # (P, N)
         # Weighting the pairs by every domain and keeping each row's own costs n_domains times the
         # work but skips a per-example gather: faster up to 4 domains, slower beyond (fwd+bwd at
         # batch 1024, 10 tokens, 8 channels, 1 thread: 1.3x faster at 3 domains, 0.9x at 6).
         self.per_example = n_domains > 4
+        # the pair weighting is the GEMM site: pairs (B, P, D) against each example's own
+        # (C, D) weights (batched), or all pair rows (B·P, D) against every domain's (n_dom·C, D)
+        n_pairs = int(i.numel())
+        self.mix = (PairMatmul(dim, channels, batched=True, rows_per_example=n_pairs) if self.per_example
+                    else PairMatmul(dim, n_domains * channels, batched=False, rows_per_example=n_pairs))
 
     @property
     def out_dim(self) -> int:
@@ -67,8 +80,8 @@ class DomainFM(nn.Module):
         b, n_dom = x.shape[0], self.scale.shape[0]
         pairs = torch.matmul(self.pick_i, x) * torch.matmul(self.pick_j, x)  # (B, P, D): x_i ⊙ x_j
         if self.per_example:
-            return torch.bmm(pairs, self.scale[domain].transpose(1, 2)).flatten(1)  # (B, P, C) -> (B, P·C)
-        every = (pairs.reshape(-1, self.dim) @ self.scale.view(n_dom * self.channels, self.dim).t())
+            return self.mix(pairs, self.scale[domain]).flatten(1)  # (B, P, C) -> (B, P·C)
+        every = self.mix(pairs, self.scale)  # (B·P, D) x (n_dom·C, D)^T -> (B·P, n_dom·C)
         every = every.view(b, -1, n_dom, self.channels)  # (B, P, n_dom, C)
         index = domain.view(b, 1, 1, 1).expand(b, every.shape[1], 1, self.channels)
         return every.gather(2, index).flatten(1)  # (B, P·C)
@@ -86,14 +99,20 @@ class DomainUntied(nn.Module):
         return out[domain, torch.arange(x.shape[0])]  # (B, n_out, D)
 
 
-def mlp(n_in: int, dims: list[int], n_out: int, dropout: float = 0.0) -> nn.Sequential:
-    return nn.Sequential(*trunk(n_in, dims, dropout), nn.Linear(dims[-1] if dims else n_in, n_out))
+def mlp(n_in: int, dims: list[int], n_out: int, dropout: float = 0.0, size: ModelSize | None = None,
+        head: bool = True) -> nn.Sequential:
+    """Hidden layers (`trunk`) and an output Linear. `head`: the output is a prediction layer,
+    the one layer that keeps its bias under the Mod `bias: final`."""
+    mods = Mods.of(size)
+    return nn.Sequential(*trunk(n_in, dims, dropout, size), Linear(dims[-1] if dims else n_in, n_out, bias=head or mods.bias))
 
 
-def trunk(n_in: int, dims: list[int], dropout: float = 0.0) -> nn.Sequential:
-    """Hidden layers only (Linear, ReLU, Dropout per width): a representation several heads share."""
+def trunk(n_in: int, dims: list[int], dropout: float = 0.0, size: ModelSize | None = None) -> nn.Sequential:
+    """Hidden layers only (Linear, activation, [block norm,] Dropout per width): a representation
+    several heads share. `size` carries the Mods (bias, block_norm, activation)."""
+    mods = Mods.of(size)
     layers: list[nn.Module] = []
     for d in dims:
-        layers += [nn.Linear(n_in, d), nn.ReLU(), nn.Dropout(dropout)]
+        layers += [Linear(n_in, d, bias=mods.bias), *mods.after_hidden(d), nn.Dropout(dropout)]
         n_in = d
     return nn.Sequential(*layers)

@@ -12,7 +12,9 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from lattice.config import PlatformConfig
 from lattice.config.schema import ModelSize
 from lattice.models.chain import apply_chains, chains, conditional_rates
+from lattice.models.gemm import Linear
 from lattice.models.interaction import DomainFM, DomainUntied, WukongLayer, mlp, trunk
+from lattice.models.mods import Mods
 from lattice.models.sparse import SparseArch
 
 DENSE_TOKENS = 2
@@ -28,10 +30,11 @@ def set_head_bias(heads: nn.ModuleDict, rates: dict[str, float]) -> None:
 class DenseArch(nn.Module):
     """(B, n_dense) -> (B, T, D) tokens."""
 
-    def __init__(self, n_dense: int, dim: int, tokens: int = DENSE_TOKENS):
+    def __init__(self, n_dense: int, dim: int, tokens: int = DENSE_TOKENS, size: ModelSize | None = None):
         super().__init__()
         self.tokens, self.dim = tokens, dim
-        self.net = nn.Sequential(nn.Linear(n_dense, tokens * dim), nn.ReLU(), nn.Linear(tokens * dim, tokens * dim))
+        mods, w = Mods.of(size), tokens * dim
+        self.net = nn.Sequential(Linear(n_dense, w, bias=mods.bias), *mods.after_hidden(w), Linear(w, w, bias=mods.bias))
 
     def forward(self, dense: torch.Tensor) -> torch.Tensor:
         return self.net(dense).view(dense.shape[0], self.tokens, self.dim)  # (B, T, D)
@@ -45,7 +48,7 @@ class LatticeNet(nn.Module):
         d = size.embedding_dim
         n_domains = len(config.domain_names)
         self.sparse = SparseArch(config, size, fitted)
-        self.dense = DenseArch(n_dense, d) if n_dense else None
+        self.dense = DenseArch(n_dense, d, size=size) if n_dense else None
         use_domain = size.domain_token if domain_token is None else domain_token
         self.domain = nn.Embedding(n_domains, d) if use_domain else None
         n = self.sparse.num_tokens + (DENSE_TOKENS if n_dense else 0) + (1 if use_domain else 0)
@@ -55,7 +58,7 @@ class LatticeNet(nn.Module):
         untied = size.domain_untied if domain_untied is None else domain_untied
         layers: list[nn.Module] = []
         for i in range(size.num_layers):
-            make = (lambda n_in=n: WukongLayer(n_in, size.num_tokens, d, size.fm_rank, size.dropout))
+            make = (lambda n_in=n: WukongLayer(n_in, size.num_tokens, d, size.fm_rank, size.dropout, size))
             last = i == size.num_layers - 1
             layers.append(DomainUntied(make, n_domains) if (untied and last) else make())
             n = size.num_tokens
@@ -64,10 +67,11 @@ class LatticeNet(nn.Module):
         n_flat = context * d + (self.domain_fm.out_dim if self.domain_fm is not None else 0)
         head_in = size.shared_dims[-1] if size.shared_dims else n_flat
         # between the tokens and the heads: nothing, one shared stack, or experts mixed per objective
-        self.experts = nn.ModuleList([trunk(n_flat, size.shared_dims, size.dropout)
+        self.experts = nn.ModuleList([trunk(n_flat, size.shared_dims, size.dropout, size)
                                       for _ in range(size.experts if size.shared_dims else 1)])
-        self.gates = nn.ModuleDict({o: nn.Linear(n_flat, len(self.experts)) for o in self.objectives}) if len(self.experts) > 1 else None
-        self.heads = nn.ModuleDict({o: mlp(head_in, size.head_dims, 1, size.dropout) for o in self.objectives})
+        self.gates = (nn.ModuleDict({o: Linear(n_flat, len(self.experts), bias=Mods.of(size).bias) for o in self.objectives})
+                      if len(self.experts) > 1 else None)
+        self.heads = nn.ModuleDict({o: mlp(head_in, size.head_dims, 1, size.dropout, size) for o in self.objectives})
         self.chains = chains(config, self.objectives)  # (objective, given): see chain.py
 
     def set_output_bias(self, rates: dict[str, float]) -> None:
@@ -99,6 +103,7 @@ class LatticeNet(nn.Module):
             out = {o: head(h).squeeze(-1) for o, head in self.heads.items()}  # objective -> (B,) logits
         else:
             e = torch.stack([ex(flat) for ex in self.experts], dim=1)  # (B, E, H)
+            # the expert mix is not an FP8 site: a (1, E) x (E, H) product per example (gemm.py)
             out = {o: head(torch.einsum("be,beh->bh", torch.softmax(self.gates[o](flat), -1), e)).squeeze(-1)
                    for o, head in self.heads.items()}
         return apply_chains(out, self.chains)

@@ -1,8 +1,9 @@
 """KJT -> KJT id remapping in front of the embedding tables.
 
-Every hashing scheme is a module that maps raw int64 ids of each key into [0, rows) of its table.
-'none' and 'modulo' live here; other schemes (QR, learned) register a factory with
-`register_remap(kind, factory)` and are picked up by the same `SparseArch` without model changes.
+A single-table hashing scheme is a module that maps raw int64 ids of a key into [0, rows) of its
+table. 'none' and 'modulo' live here; vocab, learned and zch (lattice.hashing) are registered with
+`register_remap(kind, factory)` like any other single-table scheme. Multi-table schemes (qr, mixed) are not remaps:
+`lattice.hashing.modules.make_compression` builds every scheme's module for `SparseArch`.
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from lattice.config import PlatformConfig
 from lattice.config.schema import SparseFeature
 
-# factory(config, feature, rows) -> nn.Module mapping a (N,) int64 id tensor into [0, rows)
-RemapFactory = Callable[[PlatformConfig, SparseFeature, int], nn.Module]
+# factory(config, feature, rows, fitted map or None) -> nn.Module mapping a (N,) int64 id tensor
+# into [0, rows) (a fitted scheme: into [0, the map's table_rows))
+RemapFactory = Callable[[PlatformConfig, SparseFeature, int, "dict | None"], nn.Module]
 _FACTORIES: dict[str, RemapFactory] = {}
 
 
@@ -49,39 +51,59 @@ class IdentityRemap(nn.Module):
         return ids
 
 
-register_remap("modulo", lambda config, f, rows: ModuloRemap(rows))
+register_remap("modulo", lambda config, f, rows, fitted_map: ModuloRemap(rows))
 
 
-def make_remap(config: PlatformConfig, feature: SparseFeature, rows: int) -> nn.Module:
+def _compressed(config: PlatformConfig, f: SparseFeature, rows: int, fitted_map: dict | None) -> nn.Module:
+    # imported on use: lattice.hashing builds on this module, and lattice.models on lattice.hashing
+    from lattice.hashing.modules import single_table_remap
+
+    return single_table_remap(f, rows, fitted_map)
+
+
+for _kind in ("vocab", "learned", "zch"):
+    register_remap(_kind, _compressed)
+
+
+def make_remap(config: PlatformConfig, feature: SparseFeature, rows: int, fitted_map: dict | None = None) -> nn.Module:
+    """The id -> row module of a single-table scheme; `fitted_map`: the feature's fitted map for
+    this row budget (vocab, learned)."""
     if feature.hashing == "none":
         # a scaled-down table cannot hold every raw id: re-hash into it
         return IdentityRemap(feature.name, rows) if rows >= feature.num_embeddings else ModuloRemap(rows)
     if feature.hashing not in _FACTORIES:
         raise ValueError(
-            f"sparse feature {feature.name!r} uses hashing {feature.hashing!r}, which is not registered "
-            f"(available: none, {', '.join(sorted(_FACTORIES))}); import the module that registers it "
-            "(lattice.hashing) or use hashing: modulo")
-    return _FACTORIES[feature.hashing](config, feature, rows)
+            f"sparse feature {feature.name!r} uses hashing {feature.hashing!r}, which is not registered as a "
+            f"single-table remap (available: none, {', '.join(sorted(_FACTORIES))}); multi-table schemes (qr, mixed) "
+            "are built by lattice.hashing.modules.make_compression")
+    return _FACTORIES[feature.hashing](config, feature, rows, fitted_map)
 
 
 def table_capacity_notes(config: PlatformConfig, distinct_ids: dict[str, int] | None) -> list[str]:
     """One line per 'modulo' feature whose table has fewer rows than the train split has ids: such
-    ids share rows (and so embeddings). Learned and QR hashing are built for that; 'none' fails
-    on an out-of-range id instead."""
+    ids share rows (and so embeddings); and per 'modulo' feature with fewer ids than rows whose
+    ids still collide in many pairs (`lattice.hashing.collisions`). Learned and QR hashing are
+    built for that; 'none' fails on an out-of-range id instead."""
+    from lattice.hashing.collisions import collision_note, expected_colliding_pairs
+
     notes = []
     for f in config.features.sparse:
         n = (distinct_ids or {}).get(f.name, 0)
         if f.hashing == "modulo" and n > f.num_embeddings:
             notes.append(
                 f"sparse feature {f.name!r}: {n:,} distinct ids in the train split share its {f.num_embeddings:,} "
-                f"table rows ({n / f.num_embeddings:.1f} per row on average); to share fewer, raise "
+                f"table rows ({n / f.num_embeddings:.1f} per row on average, about "
+                f"{expected_colliding_pairs(n, f.num_embeddings):,.0f} colliding pairs); to share fewer, raise "
                 f"features.sparse.{f.name}.num_embeddings to {n:,} or more in the config "
-                f"(or train with --set features.sparse.{f.name}.num_embeddings={n})")
+                f"(or train with --set features.sparse.{f.name}.num_embeddings={n}), or use hashing: learned")
+        elif (note := collision_note(f, n, f.num_embeddings)) is not None:
+            notes.append(note)  # fewer ids than rows, yet hashing still merges many of them
     return notes
 
 
 class KJTRemap(nn.Module):
-    """Applies one remap module per key; the KJT layout (keys, lengths) is unchanged."""
+    """Applies one remap module per key; the KJT layout (keys, lengths) is unchanged. SparseArch now
+    goes through `lattice.hashing.modules.KJTCompress`, which also splits keys into sub-tables."""
 
     def __init__(self, keys: list[str], remaps: list[nn.Module]):
         super().__init__()

@@ -2,9 +2,10 @@
 
 A trained model's `model.pt` (written by the trainer, `saved_blob`) holds everything needed to
 rebuild it exactly: the config it was trained with, its kind and dense width, the fitted id maps
-of its compressed embeddings (`hashing`) and its FP8 plan (`fp8`). Training, evaluation,
-distillation scoring, export and the gate all rebuild through here, never from a caller's config,
-so a model evaluated, scored or served is the model that was trained.
+of its compressed embeddings (`hashing`), its FP8 plan (`fp8`) and its per-cell calibration maps
+(`calibration`). Training, evaluation, distillation scoring, export and the gate all rebuild
+through here, never from a caller's config, so a model evaluated, scored or served is the model
+that was trained, calibration stage included.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from lattice.config import PlatformConfig
 from lattice.data.transforms import DenseStats
 from lattice.models.build import build_model
 
-META_KEYS = ("name", "plan", "cost", "best_epoch", "world_size", "fp8", "hashing")
+META_KEYS = ("name", "plan", "cost", "best_epoch", "world_size", "fp8", "hashing", "calibration")
 
 
 @dataclass
@@ -41,13 +42,19 @@ def saved_blob(*, name: str, kind: str, n_dense: int, stats: DenseStats, config:
             "hashing": fitted or {}, "fp8": fp8_plan, "state_dict": state_dict, **meta}
 
 
-def rebuild(blob: dict, load_weights: bool = True) -> nn.Module:
-    """The model a blob describes (weights loaded unless `load_weights` is false), eval mode."""
+def rebuild(blob: dict, load_weights: bool = True, calibrated: bool = True) -> nn.Module:
+    """The model a blob describes (weights loaded unless `load_weights` is false), eval mode. With
+    calibration maps in the blob (training.calibration) it is `Calibrated(network, maps)`: its
+    logits are calibrated for every consumer; `calibrated=False` gives the network alone."""
     config = PlatformConfig.model_validate(blob["config"])
     model = build_model(config, blob["kind"], int(blob["n_dense"]), fitted=blob.get("hashing") or None,
                         fp8_plan=blob.get("fp8"))
     if load_weights:
         model.load_state_dict(blob["state_dict"])
+    if calibrated and blob.get("calibration"):
+        from lattice.models.calibrated import Calibrated, CellCalibration
+
+        model = Calibrated(model, CellCalibration(blob["calibration"]))
     return model.eval()
 
 

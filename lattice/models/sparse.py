@@ -1,4 +1,11 @@
-"""Sparse arch: remap -> TorchRec EmbeddingBagCollection -> one token per feature."""
+"""Sparse arch: per-feature compression -> TorchRec EmbeddingBagCollection -> one token per feature.
+
+Each sparse feature's `hashing` scheme is a compression module (lattice.hashing.modules): it
+turns the feature's ids into one stream per EBC table it owns (one for none/modulo/vocab/
+learned/zch, two for qr, one per frequency block for mixed), the EBC SUM-pools every table (the
+planner shards them like any table), and the module combines its tables' pooled rows into the
+feature's (B, d_f) embedding, projected to the token width when narrower.
+"""
 
 from __future__ import annotations
 
@@ -9,15 +16,14 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from lattice.config import PlatformConfig
 from lattice.config.schema import ModelSize
-from lattice.models.remap import KJTRemap, make_remap
+from lattice.hashing.layout import budget_rows, feature_width
+from lattice.hashing.modules import KJTCompress, make_compression
 
 
 def table_shape(config: PlatformConfig, size: ModelSize) -> list[tuple[str, int, int]]:
-    """(feature name, rows, dim) per sparse feature for a model size."""
-    return [
-        (f.name, max(2, int(round(f.num_embeddings * size.table_scale))), min(f.embedding_dim, size.embedding_dim))
-        for f in config.features.sparse
-    ]
+    """(feature name, row budget, dim) per sparse feature for a model size. The tables a scheme
+    builds spend that budget (`SparseArch.tables` lists the real ones)."""
+    return [(f.name, budget_rows(f, size), feature_width(f, size)) for f in config.features.sparse]
 
 
 class SparseArch(nn.Module):
@@ -25,20 +31,19 @@ class SparseArch(nn.Module):
 
     def __init__(self, config: PlatformConfig, size: ModelSize, fitted: dict | None = None):
         super().__init__()
-        # fitted: feature -> fitted id map (lattice.hashing) for the schemes that need one
-        shapes = table_shape(config, size)
-        self.keys = [name for name, _, _ in shapes]
-        self.dims = [dim for _, _, dim in shapes]
-        self.remap = KJTRemap(self.keys, [make_remap(config, f, rows) for f, (_, rows, _) in zip(config.features.sparse, shapes)])
+        # fitted: feature -> {row budget: fitted id map} (lattice.hashing) for the schemes that need one
+        self.keys = [f.name for f in config.features.sparse]
+        self.compress = KJTCompress(self.keys, [make_compression(config, f, size, fitted) for f in config.features.sparse])
+        self.dims = [m.out_dim for m in self.compress.features]
         self.ebc = EmbeddingBagCollection(
             tables=[
-                EmbeddingBagConfig(name=f"t_{name}", embedding_dim=dim, num_embeddings=rows, feature_names=[name],
-                                   pooling=PoolingType.SUM)
-                for name, rows, dim in shapes
+                EmbeddingBagConfig(name=f"t_{t.sub_key}", embedding_dim=t.dim, num_embeddings=t.rows, feature_names=[t.sub_key],
+                                   pooling=PoolingType.SUM, init_fn=t.init_fn)
+                for m in self.compress.features for t in m.tables
             ],
             device=torch.device("cpu"),
         )
-        # tables narrower than the token width get their own projection
+        # embeddings narrower than the token width get their own projection
         self.proj = nn.ModuleDict({n: nn.Linear(d, size.embedding_dim, bias=False) for n, d in zip(self.keys, self.dims)
                                    if d != size.embedding_dim})
 
@@ -47,7 +52,8 @@ class SparseArch(nn.Module):
         return len(self.keys)
 
     def pooled(self, kjt: KeyedJaggedTensor) -> dict[str, torch.Tensor]:
-        return self.ebc(self.remap(kjt)).to_dict()  # feature -> (B, d_f)
+        tables = self.ebc(self.compress(kjt)).to_dict()  # sub-key -> (B, w)
+        return self.compress.combine(tables)  # feature -> (B, d_f)
 
     def forward(self, kjt: KeyedJaggedTensor) -> torch.Tensor:
         emb = self.pooled(kjt)

@@ -74,6 +74,10 @@ class RunPaths(Paths):
         return self.home.validation
 
     @property
+    def hashing(self) -> Path:
+        return self.home.hashing
+
+    @property
     def models(self) -> Path:
         return self.home.models
 
@@ -104,7 +108,10 @@ class RunPaths(Paths):
         moved: dict[str, str] = {}
         for model in self.staged:
             new, target = self.model_dir(model), self.home.model_dir(model)
-            if not (new / "model.pt").exists():
+            # a torch model is whole once model.pt exists; a LightGBM baseline (lattice.training.gbdt_stage)
+            # has boosters instead and writes its summary.json last
+            trees_done = (new / "boosters").is_dir() and (new / "summary.json").exists()
+            if not ((new / "model.pt").exists() or trees_done):
                 raise FileNotFoundError(f"the stage wrote no {new / 'model.pt'}; the previous model at {target} is kept")
             spec = new / "run_spec.json"
             if spec.exists():  # the record of the run names the folders it ends up in

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from lattice.config import PlatformConfig
-from lattice.config.schema import Schedule
+from lattice.config.schema import HASHING_NEEDS_FIT, Schedule
 
 Family = Literal["features", "train_teacher", "distill", "promote"]
 FAMILIES: tuple[Family, ...] = ("features", "train_teacher", "distill", "promote")
@@ -162,6 +162,14 @@ def _features_tasks(config: PlatformConfig) -> list[TaskSpec]:
                  forward=every),
         TaskSpec("training_set", "training_set",
                  "Point-in-time join of examples and Feast features into the training set.", forward=every),
+    ]
+    if any(f.hashing in HASHING_NEEDS_FIT for f in config.features.sparse):
+        # on the table training reads, and before `materialize` announces the features asset
+        # (which starts teacher training, and training refuses a missing or stale fit)
+        tasks.append(TaskSpec("fit_hashing", "hashing_fit",
+                              "Fit the id -> row maps of the vocab / mixed / learned sparse features on the training split.",
+                              forward={"spark_master": "master"}))
+    tasks += [
         TaskSpec("materialize", "materialize", "Load the latest feature values into the online store.",
                  forward=every, outlet="features"),
     ]
@@ -183,6 +191,23 @@ def _model_task(*args, **kwargs) -> TaskSpec:
     return TaskSpec(*args, narrow=True, **kwargs)
 
 
+def _tree_tasks(config: PlatformConfig) -> list[TaskSpec]:
+    """The LightGBM baselines after the teacher is registered (a failed baseline never holds back the
+    teacher or the DAGs its asset triggers), then one report with the teacher beside them."""
+    b = config.models.baselines
+    trees = [n for n, on in (("gbdt", b.gbdt), ("gbdt_cell", b.gbdt_cell)) if on]
+    if not trees:
+        return []
+    what = {"gbdt": "one booster per objective over every domain", "gbdt_cell": "one booster per (domain, objective) cell"}
+    tasks = [_model_task(f"train_{n}", "train_gbdt",
+                         f"LightGBM baseline `{n}` ({what[n]}) on the teacher's split and features.",
+                         fixed={"model": n}, replaces_model=n) for n in trees]
+    tasks.append(_model_task("evaluate_vs_trees", "evaluate",
+                             "The teacher beside the tree baselines: per-cell NE and whether the teacher beats trees.",
+                             fixed={"model": ["teacher", *trees]}))
+    return tasks
+
+
 def dag_specs(config: PlatformConfig) -> list[DagSpec]:
     """The four DAGs of one config, in the order data flows through them."""
     families: dict[Family, tuple[str, list[ParamSpec], list[TaskSpec]]] = {
@@ -199,6 +224,7 @@ def dag_specs(config: PlatformConfig) -> list[DagSpec]:
                          fixed={"model": "teacher"}),
                 _model_task("register_teacher", "register", "Version the teacher in the model registry.",
                          fixed={"model": "teacher"}, outlet="teacher"),
+                *_tree_tasks(config),
             ],
         ),
         "distill": (

@@ -390,6 +390,8 @@ def create_app(config: PlatformConfig, paths: Paths, poll_seconds: float = 2.0, 
             # GEMM sites that run in FP8 in this artifact (site -> recipe); empty: all FP32
             "fp8_sites": served.model.metadata.get("fp8_sites", {}),
             "embeddings": served.model.metadata.get("embeddings", {}),
+            # the calibration stage inside the artifact (per cell: the map fitted on validation)
+            "calibration": served.model.metadata.get("calibration"),
         }
 
     return app

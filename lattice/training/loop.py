@@ -2,7 +2,8 @@
 
 Order of work: plan + shard the model, train epochs with a fused in-backward optimizer for the
 tables and Adam for the dense part, validate (all-reduced per-cell NE), early-stop, restore the
-best epoch, predict the test split, gather the full weights, write metrics."""
+best epoch, fit the per-cell calibration stage on the validation split, predict the test split,
+gather the full weights, write metrics."""
 
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ from lattice.models.saved import rebuild, saved_blob
 from lattice.models.cost import model_cost
 from lattice.models.remap import table_capacity_notes
 from lattice.progress import progress_bar
+from lattice.training import calibration
 from lattice.training import distributed as D
 from lattice.training.fp8_run import Fp8Run
 from lattice.training.loss import mdmo_loss
@@ -286,11 +288,13 @@ class Trainer:
 
     # ------------------------------------------------------------ outputs
     @torch.no_grad()
-    def predict_test(self) -> pd.DataFrame | None:
+    def predict_split(self, split: str) -> pd.DataFrame | None:
+        """Raw logits z_<objective> with labels and masks (and the generator's truth on test) of
+        every row of `split`, gathered on rank 0 (other ranks get None), sorted by example_id."""
         self.model.eval()
         objs = self.config.objective_names
         rows: list[pd.DataFrame] = []
-        it = iter(self.loader("test", with_truth=True))
+        it = iter(self.loader(split, with_truth=split == "test"))
         while True:
             batch = next(it, None)
             if not _any_have(batch, self.world):
@@ -301,45 +305,82 @@ class Trainer:
             logits = self.model(batch.dense, batch.sparse, batch.domain)
             f = {"example_id": batch.example_ids, "domain": np.array(self.config.domain_names)[batch.domain.numpy()]}
             for o in objs:
-                f[f"p_{o}"] = torch.sigmoid(logits[o]).numpy()
+                f[f"z_{o}"] = logits[o].numpy()
                 f[f"label_{o}"] = batch.labels[o].numpy()
                 f[f"mask_{o}"] = batch.masks[o].numpy()
-                f[f"truth_{o}"] = batch.truth[o].numpy()
+                if batch.truth is not None:
+                    f[f"truth_{o}"] = batch.truth[o].numpy()
             rows.append(pd.DataFrame(f))
-        part = self.dir / f"_predictions_rank{self.rank}.parquet"
+        part = self.dir / f"_{split}_rank{self.rank}.parquet"
         (pd.concat(rows, ignore_index=True) if rows else pd.DataFrame()).to_parquet(part, index=False)
         if self.world > 1:
             dist.barrier()
         if self.rank != 0:
             return None
-        parts = [self.dir / f"_predictions_rank{r}.parquet" for r in range(self.world)]
+        parts = [self.dir / f"_{split}_rank{r}.parquet" for r in range(self.world)]
         df = pd.concat([pd.read_parquet(p) for p in parts], ignore_index=True)
         for p in parts:
             p.unlink()
         return df.sort_values("example_id", kind="stable").reset_index(drop=True)
+
+    def fit_calibration(self, validation: pd.DataFrame) -> dict | None:
+        """The calibration stage's maps from the validation rows alone (rank 0)."""
+        tr = self.config.training
+        if tr.calibration == "none":
+            return None
+        return calibration.fit_maps(self.config, validation, tr.calibration, tr.calibration_min_positives)
+
+    def _predictions(self, test: pd.DataFrame, stage: torch.nn.Module | None) -> pd.DataFrame:
+        """predictions.parquet's columns: p_<o> through the saved model's own calibration stage,
+        and raw_p_<o> (the network alone) when there is one."""
+        objs = self.config.objective_names
+        raw = calibration.calibrated_probabilities(self.config, test, None)
+        cal = calibration.calibrated_probabilities(self.config, test, stage) if stage is not None else raw
+        out = test[["example_id", "domain"]].copy()
+        for o in objs:
+            out[f"p_{o}"] = cal[o]
+            for k in ("label", "mask", "truth"):
+                if f"{k}_{o}" in test:
+                    out[f"{k}_{o}"] = test[f"{k}_{o}"].to_numpy()
+        if stage is not None:
+            for o in objs:
+                out[f"raw_p_{o}"] = raw[o]
+        return out
 
     def finish(self) -> dict | None:
         if self.best is not None:
             D.copy_local_state(self.model.state_dict(), self.best)
         self.fp8.finish()
         fp8_probe = self.fp8.probe_for_blob()
-        preds = self.predict_test()
+        validation = self.predict_split("validation") if self.config.training.calibration != "none" else None
+        test = self.predict_split("test")
         full = D.full_state_dict(self.model)
         if self.rank != 0:
             return None
+        maps = self.fit_calibration(validation) if validation is not None else None
         blob = saved_blob(name=self.spec.model, kind=self.kind, n_dense=self.n_dense, stats=self.stats,
                           config=self.spec.config, state_dict=full, fitted=self.fitted, fp8_plan=self.fp8.plan,
-                          fp8_probe=fp8_probe,
+                          fp8_probe=fp8_probe, calibration=maps,
                           plan=self.plan_json, world_size=self.world, best_epoch=self.state.best_epoch)
         plain = rebuild(blob)  # what every later stage will load: checks the blob rebuilds
         blob["cost"] = cost = model_cost(plain, self.config, self.n_dense)
         torch.save(blob, self.dir / "model.pt")
         if self.fp8.plan is not None:
             (self.dir / "fp8_plan.json").write_text(json.dumps(self.fp8.plan, indent=1))
+        # the test rows through the very calibration module the saved model runs (rebuilt above)
+        stage = plain.calibration if maps is not None else None
+        preds = self._predictions(test, stage)
         attach_passthrough(self.config, Path(self.spec.table), preds).to_parquet(self.dir / "predictions.parquet", index=False)
         metrics = cell_metrics(self.config, preds)
         metrics.update({"model": self.spec.model, "kind": self.kind, "cost": cost, "best_epoch": self.state.best_epoch,
                         "world_size": self.world, "test_examples": int(len(preds))})
+        if maps is not None:
+            before = calibration.calibrated_probabilities(self.config, validation, None)
+            after = calibration.calibrated_probabilities(self.config, validation, stage)
+            metrics["calibration"] = calibration.summary(
+                maps, calibration.effect(self.config, validation, before, after),
+                calibration.effect(self.config, test, {o: preds[f"raw_p_{o}"].to_numpy() for o in self.config.objective_names},
+                                   {o: preds[f"p_{o}"].to_numpy() for o in self.config.objective_names}))
         (self.dir / "metrics.json").write_text(json.dumps(metrics, indent=1))
         (self.dir / "history.json").write_text(json.dumps({"epochs": self.state.history, "steps": self.state.steps}, indent=1))
         return metrics

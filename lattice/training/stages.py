@@ -23,6 +23,7 @@ from lattice.config import PlatformConfig
 from lattice.data.loader import BatchLoader, find_table, fit_dense_stats
 from lattice.data.split import SPLITS
 from lattice.models import kind_of
+from lattice.models.build import GBDT_KINDS
 from lattice.paths import Paths
 from lattice.progress import progress_bar
 from lattice.relay import run_child
@@ -40,9 +41,17 @@ def _free_port() -> int:
 def train(config: PlatformConfig, paths: Paths, model: str = "teacher", nproc: int | None = None, epochs: int | None = None,
           teacher_scores: str | Path | None = None, seed: int | None = None, resume: bool = False,
           checkpoint_every: int | None = None, stop_after: int | None = None, progress: bool = True) -> dict:
-    """Train one model (teacher | student | separate | pooled | mmoe | shared_bottom, optionally
-    'kind@tag'). `teacher_scores`: parquet of example_id + p_<objective> (distillation)."""
-    kind_of(model)
+    """Train one model (teacher | student | separate | pooled | mmoe | shared_bottom | gbdt |
+    gbdt_cell, optionally 'kind@tag'). `teacher_scores`: parquet of example_id + p_<objective>
+    (distillation). The LightGBM baselines go to lattice.training.gbdt_stage before any torch
+    code: they have no epochs or ranks (their rounds stop early, their threads are the machine's)."""
+    if kind_of(model) in GBDT_KINDS:
+        if teacher_scores is not None or resume:
+            raise ValueError(f"{model!r} is a LightGBM baseline: it takes no teacher scores and no --resume "
+                             "(a fit starts from scratch)")
+        from lattice.training.gbdt_stage import train_gbdt
+
+        return train_gbdt(config, paths, model, seed=seed, progress=progress)
     table = find_table(paths)
     out = paths.model_dir(model)
     out.mkdir(parents=True, exist_ok=True)

@@ -16,7 +16,8 @@ import yaml
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
-STAGES = ["synth", "features", "teacher", "baseline_separate", "baseline_pooled", "baseline_mmoe", "distill", "promote", "serve"]
+STAGES = ["synth", "features", "teacher", "baseline_separate", "baseline_pooled", "baseline_mmoe", "baseline_gbdt",
+          "baseline_gbdt_cell", "distill", "promote", "serve"]
 
 
 def _tiny_demo_config(folder: Path) -> Path:
@@ -68,13 +69,15 @@ def test_demo_counts_reconcile(demo_run):
 def test_demo_metrics_for_every_cell_and_model(demo_run):
     _, _, report = demo_run
     cells = {"feed/click", "search/click", "video/click", "feed/conversion", "search/conversion"}
-    for model in ["teacher", "student", "separate", "pooled", "mmoe"]:
+    for model in ["teacher", "student", "separate", "pooled", "mmoe", "gbdt", "gbdt_cell"]:
         got = report["models"][model]["cells"]
         assert set(got) == cells, model
         for cell, m in got.items():
             assert 0 < m["ne"] < 2 and 0 <= m["auc"] <= 1, (model, cell, m)
     assert set(report["oracle"]["cells"]) == cells
     assert set(report["headline"]) >= {"teacher", "student", "oracle"}
+    # every deep model beside the trees, cell by cell
+    assert set(report["vs_trees"]["cells"]) == cells and report["vs_trees"]["summary"]["teacher"]["cells"] == len(cells)
 
 
 def test_demo_promotion_decision_and_serving(demo_run):
@@ -90,7 +93,7 @@ def test_demo_promotion_decision_and_serving(demo_run):
 def test_demo_html_renders_in_chromium(demo_run, artifacts):
     wd, _, _ = demo_run
     html = (wd / "report.html").read_text()
-    assert html.count("<img") >= 3 and "Promotion decision" in html
+    assert html.count("<img") >= 3 and "Promotion decision" in html and "Deep models vs gradient-boosted trees" in html
     chromium = "/usr/bin/chromium"
     if not os.path.exists(chromium):
         pytest.fail("Debian chromium is required for this test; run `bash infra/setup.sh`")

@@ -1,0 +1,218 @@
+"""Fit the calibration stage (`lattice.models.calibrated`) on the validation split: one monotone
+map logit -> logit per (domain, objective) cell, and measure its effect per cell.
+
+Methods (`training.calibration`):
+  - `platt`: s = a z + b by logistic regression on the raw logit z, with a Gaussian prior that
+    pulls (a, b) toward the identity (worth about `PLATT_PRIOR` positives, so a small cell barely
+    moves and a large one is fitted by its data); the slope is kept >= `MIN_SLOPE`.
+  - `isotonic`: sklearn's pool-adjacent-violators on z gives the blocks; each block's rate is
+    smoothed toward the cell's base rate (one pseudo-example of the rarer class), blocks are pooled
+    again until the rates rise strictly, and the map interpolates linearly between the blocks'
+    mean logits (so within the fitted range no two rows of a cell that the network ranked apart
+    tie). Beyond the first / last block centre it continues with the Platt slope.
+  - `histogram`: the same with equal-mass bins of about `POSITIVES_PER_BIN` positives each in
+    place of the isotonic blocks.
+A cell with fewer than `min_positives` validation positives gets Platt (the two-parameter map that
+small data supports), one with no positives or no negatives the identity.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+
+from lattice.config import PlatformConfig
+from lattice.evaluation.metrics import auc, calibration, expected_calibration_error, ne
+
+METHODS = ("none", "platt", "isotonic", "histogram")
+MAX_KNOTS = 128
+"""Knots per cell at most (adjacent groups are merged by mass beyond it): the artifact's lookup
+reads (batch, knots) values per objective."""
+POSITIVES_PER_BIN = 50
+PLATT_PRIOR = 10.0
+MIN_SLOPE = 0.05
+RATE_EPS = 1e-6
+
+
+def _logit(p: np.ndarray | float) -> np.ndarray:
+    p = np.clip(np.asarray(p, np.float64), RATE_EPS, 1 - RATE_EPS)
+    return np.log(p) - np.log1p(-p)
+
+
+def _sigmoid(s: np.ndarray) -> np.ndarray:
+    return 0.5 * (1 + np.tanh(0.5 * s))  # no overflow warnings at large |s|
+
+
+def fit_platt(z: np.ndarray, y: np.ndarray, prior: float = PLATT_PRIOR) -> tuple[float, float]:
+    """(slope, intercept) of s = slope * z + intercept: penalised logistic regression (Newton's
+    method) in the centred form s = z + alpha (z - mean z) + c, prior (alpha^2 + c^2) * prior / 2."""
+    z, y = np.asarray(z, np.float64), np.asarray(y, np.float64)
+    zbar = float(z.mean())
+    u = z - zbar
+    theta = np.zeros(2)  # alpha, c: the identity
+
+    def loss(t: np.ndarray) -> float:
+        s = z + t[0] * u + t[1]
+        return float(np.sum(np.logaddexp(0.0, s) - y * s) + 0.5 * prior * (t @ t))
+
+    current = loss(theta)
+    for _ in range(100):
+        p = _sigmoid(z + theta[0] * u + theta[1])
+        w = p * (1 - p)
+        g = np.array([np.sum((p - y) * u), np.sum(p - y)]) + prior * theta
+        h = np.array([[np.sum(w * u * u), np.sum(w * u)], [np.sum(w * u), np.sum(w)]]) + prior * np.eye(2)
+        step = np.linalg.solve(h, g)
+        scale = 1.0
+        while scale > 1e-6:  # damped: the loss is convex, but a full step can overshoot far out
+            cand = theta - scale * step
+            value = loss(cand)
+            if value <= current:
+                break
+            scale /= 2
+        theta, moved, current = cand, float(np.max(np.abs(scale * step))), value
+        if moved < 1e-10:
+            break
+    alpha, c = float(theta[0]), float(theta[1])
+    if 1 + alpha < MIN_SLOPE:  # an anti-ranking cell: keep the order, fit only the level
+        alpha = MIN_SLOPE - 1
+        base = z + alpha * u
+        for _ in range(100):
+            p = _sigmoid(base + c)
+            step = (np.sum(p - y) + prior * c) / (np.sum(p * (1 - p)) + prior)
+            c -= step
+            if abs(step) < 1e-10:
+                break
+    return 1 + alpha, c - alpha * zbar
+
+
+def _groups(pos: np.ndarray, n: np.ndarray, zsum: np.ndarray, pseudo: float, rate: float) -> list[list[float]]:
+    """Consecutive blocks [positives, rows, sum of z] pooled until their smoothed rates
+    (positives + pseudo * rate) / (rows + pseudo) rise strictly (pool-adjacent-violators)."""
+
+    def value(g: list[float]) -> float:
+        return (g[0] + pseudo * rate) / (g[1] + pseudo)
+
+    out: list[list[float]] = []
+    for p, m, s in zip(pos.tolist(), n.tolist(), zsum.tolist()):
+        out.append([p, m, s])
+        while len(out) > 1 and value(out[-2]) >= value(out[-1]):
+            last = out.pop()
+            out[-1] = [out[-1][0] + last[0], out[-1][1] + last[1], out[-1][2] + last[2]]
+    return out
+
+
+def _block_ids(z_sorted: np.ndarray, y_sorted: np.ndarray, method: str, positives: int) -> np.ndarray:
+    """Block index per row (rows sorted by z; tied logits always share a block)."""
+    if method == "isotonic":
+        from sklearn.isotonic import IsotonicRegression
+
+        fitted = IsotonicRegression(increasing=True, out_of_bounds="clip").fit_transform(z_sorted, y_sorted)
+        return np.concatenate([[0], np.cumsum(np.diff(fitted) != 0)])
+    bins = int(min(MAX_KNOTS, max(2, positives // POSITIVES_PER_BIN)))
+    by_rank = np.arange(len(z_sorted)) * bins // len(z_sorted)
+    _, first, inverse = np.unique(z_sorted, return_index=True, return_inverse=True)
+    return by_rank[first[inverse]]
+
+
+def _nonparametric(z: np.ndarray, y: np.ndarray, method: str, slope: float) -> dict[str, Any] | None:
+    order = np.argsort(z, kind="stable")
+    zs, ys = z[order], y[order]
+    ids = _block_ids(zs, ys, method, int(ys.sum()))
+    n = np.bincount(ids).astype(np.float64)
+    keep = n > 0
+    pos, zsum, n = np.bincount(ids, ys)[keep], np.bincount(ids, zs)[keep], n[keep]
+    rate = float(ys.mean())
+    pseudo = 1.0 / min(rate, 1 - rate)  # one pseudo-example of the rarer class at the base rate
+    groups = _groups(pos, n, zsum, pseudo, rate)
+    if len(groups) > MAX_KNOTS:  # merge by mass, then restore strict order
+        g = np.array(groups)
+        cut = np.minimum((np.cumsum(g[:, 1]) - g[:, 1] / 2) * MAX_KNOTS // g[:, 1].sum(), MAX_KNOTS - 1).astype(np.int64)
+        g = np.stack([np.bincount(cut, g[:, k]) for k in range(3)], axis=1)
+        groups = _groups(g[:, 0], g[:, 1], g[:, 2], pseudo, rate)
+    if len(groups) < 2:
+        return None
+    g = np.array(groups)
+    x = (g[:, 2] / g[:, 1]).astype(np.float32)
+    v = _logit((g[:, 0] + pseudo * rate) / (g[:, 1] + pseudo)).astype(np.float32)
+    strict = np.concatenate([[True], np.diff(x) > 0])  # knots that float32 could not tell apart merge
+    return {"x": x[strict].tolist(), "y": np.maximum.accumulate(v[strict]).tolist(), "lo": slope, "hi": slope}
+
+
+def fit_cell(z: np.ndarray, y: np.ndarray, method: str, min_positives: int = 0) -> dict[str, Any]:
+    """The map of one cell from its validation logits `z` and labels `y` (json-able)."""
+    z, y = np.asarray(z, np.float64), np.asarray(y, np.float64)
+    n, positives = int(len(y)), int(y.sum())
+    info = {"n": n, "positives": positives}
+    if method not in METHODS or method == "none":
+        raise ValueError(f"unknown calibration method {method!r}; use one of {METHODS[1:]}")
+    if positives == 0 or positives == n:
+        return {"method": "identity", "x": [-1.0, 1.0], "y": [-1.0, 1.0], "lo": 1.0, "hi": 1.0, **info}
+    slope, intercept = fit_platt(z, y)
+    if method != "platt" and positives >= min_positives:
+        fitted = _nonparametric(z, y, method, slope)
+        if fitted is not None:
+            return {"method": method, **fitted, **info}
+    lo_z, hi_z = float(z.min()), float(z.max())
+    if hi_z - lo_z < 1e-3:
+        lo_z, hi_z = lo_z - 1, hi_z + 1
+    xs = np.array([lo_z, hi_z], np.float32)
+    return {"method": "platt", "x": xs.tolist(), "y": (slope * xs.astype(np.float64) + intercept).astype(np.float32).tolist(),
+            "lo": slope, "hi": slope, "slope": slope, "intercept": intercept, **info}
+
+
+def fit_maps(config: PlatformConfig, frame: pd.DataFrame, method: str, min_positives: int = 0) -> dict[str, Any]:
+    """Maps for every cell from validation rows: `frame` has domain, z_<o> (raw logits),
+    label_<o>, mask_<o> (and example_id). What `lattice.models.calibrated.CellCalibration` takes."""
+    cells = {}
+    for d, o in config.cells():
+        sel = ((frame["domain"] == d) & (frame[f"mask_{o}"] > 0)).to_numpy()
+        cells[f"{d}/{o}"] = fit_cell(frame.loc[sel, f"z_{o}"].to_numpy(), frame.loc[sel, f"label_{o}"].to_numpy(), method,
+                                     min_positives)
+    return {"method": method, "min_positives": int(min_positives), "domains": list(config.domain_names),
+            "objectives": list(config.objective_names), "cells": cells}
+
+
+@torch.no_grad()
+def calibrated_probabilities(config: PlatformConfig, frame: pd.DataFrame, module: torch.nn.Module | None) -> dict[str, np.ndarray]:
+    """objective -> probabilities of `frame`'s rows (domain, z_<o>) through `module` (a
+    CellCalibration: the very module the saved model runs), or uncalibrated without one."""
+    dom = {d: i for i, d in enumerate(config.domain_names)}
+    domain = torch.as_tensor(frame["domain"].map(dom).to_numpy(np.int64))
+    logits = {o: torch.as_tensor(frame[f"z_{o}"].to_numpy(np.float32)) for o in config.objective_names}
+    if module is not None:
+        logits = module(logits, domain)
+    return {o: torch.sigmoid(v).numpy() for o, v in logits.items()}
+
+
+def _quality(y: np.ndarray, p: np.ndarray) -> dict[str, float]:
+    return {"calibration": calibration(y, p), "ece": expected_calibration_error(y, p), "ne": ne(y, p), "auc": auc(y, p)}
+
+
+def effect(config: PlatformConfig, frame: pd.DataFrame, before: dict[str, np.ndarray], after: dict[str, np.ndarray]) -> dict[str, dict]:
+    """Per cell: rows, positives and calibration (sum p / sum y), ECE, NE, AUC before and after."""
+    out = {}
+    for d, o in config.cells():
+        sel = ((frame["domain"] == d) & (frame[f"mask_{o}"] > 0)).to_numpy()
+        y = frame.loc[sel, f"label_{o}"].to_numpy(np.float64)
+        out[f"{d}/{o}"] = {"n": int(sel.sum()), "positives": int(y.sum()),
+                           "before": _quality(y, before[o][sel]), "after": _quality(y, after[o][sel])}
+    return out
+
+
+def summary(maps: dict[str, Any], validation: dict[str, dict], test: dict[str, dict]) -> dict[str, Any]:
+    """What metrics.json records of the calibration stage."""
+    cells = {}
+    for cell, m in maps["cells"].items():
+        cells[cell] = {"fit": m["method"], "knots": len(m["x"]), "validation": validation.get(cell), "test": test.get(cell)}
+    finite = [c for c in cells.values() if c["test"] and c["test"]["positives"] > 0]
+
+    def mean(part: str, key: str) -> float:
+        xs = [c["test"][part][key] for c in finite if c["test"][part][key] == c["test"][part][key]]
+        return float(np.mean(xs)) if xs else math.nan
+
+    return {"method": maps["method"], "min_positives": maps["min_positives"], "cells": cells,
+            "macro_test": {part: {k: mean(part, k) for k in ("ece", "ne")} for part in ("before", "after")}}

@@ -1,0 +1,275 @@
+"""The hash-fit stage (`lattice hashing fit`): fitted id maps of vocab, mixed and learned hashing on
+a tiny consolidated table built here, with the shared Spark session."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from lattice.config import PlatformConfig, load_config
+from lattice.hashing.budgets import row_budgets
+from lattice.hashing.collisions import collision_note, expected_colliding_pairs
+from lattice.hashing.fit import fit_hashing
+from lattice.hashing.store import FitMissingError, FitStaleError, content_version, load_fitted, lookup, read_fitted
+from lattice.paths import Paths
+from lattice.training.tiny import tiny
+
+ROOT = Path(__file__).resolve().parents[2]
+GROUP_RATES = (0.02, 0.15, 0.4, 0.7)  # click rate of each group of ad ids
+IDS_PER_GROUP = 40
+HUGE = 2**62
+
+
+def _config(tmp: Path, **ad) -> PlatformConfig:
+    """The demo's structure, tiny; ad_id learned (20 rows: 10 for the student), user_id vocab,
+    device mixed."""
+    cfg = tiny(load_config(ROOT / "configs" / "demo.yaml"), data_root=str(tmp / "raw"))
+    keys = {"ad_id": {"hashing": "learned", "num_embeddings": 20, "learned_frequent_share": 0.1, **ad},
+            "user_id": {"hashing": "vocab", "num_embeddings": 64},
+            "device": {"hashing": "mixed", "num_embeddings": 16}}
+    sparse = [f.model_copy(update=keys.get(f.name, {})) for f in cfg.features.sparse]
+    return cfg.model_copy(update={"features": cfg.features.model_copy(update={"sparse": sparse})})
+
+
+def _groups(seed: int = 3) -> tuple[np.ndarray, np.ndarray]:
+    """Ad ids scattered over a large range (so id mod rows knows nothing of the groups) and the
+    group of each; two of them negative and one huge, as raw int64 ids can be."""
+    rng = np.random.default_rng(seed)
+    ids = rng.choice(2**40, size=len(GROUP_RATES) * IDS_PER_GROUP, replace=False).astype(np.int64)
+    ids[:2] = -ids[:2]
+    ids[2] = HUGE
+    return ids, np.repeat(np.arange(len(GROUP_RATES)), IDS_PER_GROUP)
+
+
+def write_table(paths: Paths, cfg: PlatformConfig, rows_per_id: int = 150, extra_train: int = 0, seed: int = 0) -> Path:
+    """A consolidated table in the pipeline's layout (date=/domain=/part.parquet) whose ad ids
+    come in groups of equal click behaviour; users and devices are noise."""
+    rng = np.random.default_rng(seed)
+    ids, group = _groups()
+    per_id = rng.poisson(rows_per_id, len(ids)) + 1
+    order = rng.permutation(int(per_id.sum()))
+    ad, g = np.repeat(ids, per_id)[order], np.repeat(group, per_id)[order]
+    base = len(ad)
+    extra = rng.integers(0, len(ids), extra_train)  # more training rows of the same ids
+    ad, g = np.concatenate([ad, ids[extra]]), np.concatenate([g, group[extra]])
+    n = len(ad)
+    click = (rng.random(n) < np.asarray(GROUP_RATES)[g]).astype(np.int8)
+    user = rng.zipf(1.5, n).astype(np.int64) % 500
+    user_null = rng.random(n) < 0.05
+    domain = rng.choice(cfg.domain_names, n)
+    split = np.where(np.arange(n) < base, rng.choice(["train", "train", "train", "validation", "test"], n), "train")
+    date = rng.choice(["2026-01-01", "2026-01-02", "2026-01-03"], n)
+    conv_mask = np.isin(domain, ["feed", "search"]).astype(np.int8)
+    cols = {
+        "example_id": np.array([f"e{i}" for i in range(n)]), "split": split,
+        "user_id": pa.array(user, mask=user_null), "ad_id": ad, "user_segment": user % 64, "ad_category": ad % 128,
+        "device": rng.integers(0, 9, n).astype(np.int64), "position": rng.integers(0, 5, n).astype(np.int64),
+        "query_category": rng.integers(0, 40, n).astype(np.int64),
+        "price": rng.random(n), "price_present": np.ones(n, np.int8), "activity": rng.random(n),
+        "activity_present": np.ones(n, np.int8),
+        "label_click": click, "mask_click": np.ones(n, np.int8),
+        "label_conversion": (click * (rng.random(n) < 0.2) * conv_mask).astype(np.int8), "mask_conversion": conv_mask,
+    }
+    tbl = pa.table({k: v if isinstance(v, pa.Array) else pa.array(v) for k, v in cols.items()})
+    for d, dom in itertools.product(np.unique(date), cfg.domain_names):
+        keep = np.flatnonzero((date == d) & (domain == dom))
+        f = paths.consolidated / f"date={d}" / f"domain={dom}" / "part-00000.parquet"
+        f.parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(tbl.take(pa.array(keep)), f)
+    return paths.consolidated
+
+
+@pytest.fixture(scope="module")
+def fitted_table(tmp_path_factory, spark):
+    base = tmp_path_factory.mktemp("hashing")
+    cfg = _config(base)
+    paths = Paths.for_config(cfg, base / "work")
+    write_table(paths, cfg)
+    summary = fit_hashing(cfg, paths)
+    return cfg, paths, summary, load_fitted(cfg, paths)
+
+
+def test_budgets_are_the_model_tables_rows(fitted_table) -> None:
+    from lattice.models.sparse import table_shape
+
+    cfg, _, _, fitted = fitted_table
+    for f in cfg.features.sparse:
+        rows = [dict((n, r) for n, r, _ in table_shape(cfg, size))[f.name]
+                for size in (cfg.models.teacher, cfg.models.student, cfg.models.baselines.size)]
+        assert row_budgets(cfg, f) == sorted(set(rows))
+    assert sorted(fitted) == ["ad_id", "device", "user_id"]  # every feature that needs a fit, nothing else
+    assert sorted(fitted["ad_id"]) == [10, 20]  # teacher 20 rows, student table_scale 0.5
+
+
+def test_contract_keys_and_every_id_maps_into_the_table(fitted_table) -> None:
+    _, _, _, fitted = fitted_table
+    ids, _ = _groups()
+    probe = np.concatenate([ids, [HUGE, HUGE + 1, -1, -(2**63), 2**63 - 1, 0, 123456789]]).astype(np.int64)
+    for feature, by_budget in fitted.items():
+        for budget, m in by_budget.items():
+            assert set(m) == {"feature", "scheme", "version", "table_rows", "budget", "ids", "rows_of", "counts",
+                              "oov_start", "oov_rows", "frequent", "window", "stats"}
+            assert m["budget"] == budget and 2 <= m["table_rows"] <= budget and m["version"] == content_version(m)
+            assert m["ids"].dtype == np.int64 and np.all(np.diff(m["ids"]) > 0)
+            assert m["window"]["split"] == "train" and m["window"]["start"] == "2026-01-01" and m["window"]["end"] == "2026-01-03"
+            rows = lookup(m, probe)
+            assert rows.min() >= 0 and rows.max() < m["table_rows"], (feature, budget)
+            assert np.all(lookup(m, m["ids"]) == m["rows_of"])
+
+
+def test_frequent_ids_get_rows_of_their_own(fitted_table) -> None:
+    _, _, _, fitted = fitted_table
+    for feature, by_budget in fitted.items():
+        for m in by_budget.values():
+            own = m["rows_of"] < m["frequent"]
+            assert own.sum() == m["frequent"] and len(np.unique(m["rows_of"][own])) == m["frequent"]
+            # they are the most frequent ids
+            if m["frequent"] < len(m["ids"]):
+                assert m["counts"][own].min() >= m["counts"][~own].max()
+            # and no unseen id lands on one of them
+            assert m["oov_start"] >= m["frequent"]
+
+
+def test_vocab_gives_distinct_ids_distinct_rows_and_one_oov_row(fitted_table) -> None:
+    _, _, _, fitted = fitted_table
+    for budget, m in fitted["user_id"].items():
+        n = len(m["ids"])
+        assert n == min(m["stats"]["distinct"], budget - 1) and m["table_rows"] == n + 1
+        assert sorted(m["rows_of"].tolist()) == list(range(n)) and (m["oov_start"], m["oov_rows"]) == (n, 1)
+        by_rank = m["counts"][np.argsort(m["rows_of"])]
+        assert np.all(np.diff(by_rank) <= 0)  # row 0 is the most frequent id
+    mixed = fitted["device"][16]
+    assert mixed["scheme"] == "mixed" and sorted(mixed["rows_of"].tolist()) == list(range(len(mixed["ids"])))
+
+
+def test_fit_sees_the_ids_the_model_sees(fitted_table) -> None:
+    from lattice.data.loader import BatchLoader, find_table, fit_dense_stats
+
+    cfg, paths, _, fitted = fitted_table
+    root = find_table(paths)
+    seen: dict[str, set[int]] = {"ad_id": set(), "user_id": set()}
+    rows = 0
+    for b in BatchLoader(cfg, root, fit_dense_stats(cfg, root), "train", shuffle=False):
+        rows += len(b.example_ids)
+        for k in seen:
+            seen[k] |= set(b.sparse[k].values().tolist())
+    ad = fitted["ad_id"][20]
+    assert ad["window"]["rows"] == rows
+    assert seen["ad_id"] == set(ad["ids"].tolist())  # min_count 1: every id the model meets was fitted
+    users = fitted["user_id"][64]
+    assert set(users["ids"].tolist()) <= seen["user_id"] and users["stats"]["distinct"] == len(seen["user_id"])
+
+
+def _same_group_share(rows: np.ndarray, group: np.ndarray) -> float:
+    """Among pairs of ids sharing a row, the share that belong to the same group."""
+    same = total = 0
+    for r in np.unique(rows):
+        g = group[rows == r]
+        k = len(g)
+        total += k * (k - 1) // 2
+        same += sum(c * (c - 1) // 2 for c in np.bincount(g))
+    return same / total if total else 1.0
+
+
+def test_learned_groups_similar_ids_more_than_the_hashing_trick(fitted_table) -> None:
+    _, _, _, fitted = fitted_table
+    ids, group = _groups()
+    for budget, m in fitted["ad_id"].items():
+        shared = ~np.isin(lookup(m, ids), np.arange(m["frequent"]))  # the clustered ids
+        learned = _same_group_share(lookup(m, ids)[shared], group[shared])
+        trick = _same_group_share(np.remainder(ids, m["table_rows"])[shared], group[shared])
+        assert learned > 0.8 and learned > trick + 0.3, (budget, learned, trick)
+
+
+def test_fit_is_deterministic_for_a_seed(fitted_table, tmp_path) -> None:
+    cfg, paths, summary, fitted = fitted_table
+    again = Paths(tmp_path / "again", paths.data_root)
+    # the same table read from another workdir: same counts, same maps
+    again_table = again.consolidated
+    again_table.parent.mkdir(parents=True)
+    again_table.symlink_to(paths.consolidated, target_is_directory=True)
+    fit_hashing(cfg, again)
+    other = {f: {r: m["version"] for r, m in b.items()} for f, b in load_fitted(cfg, again).items()}
+    assert other == {f: {r: m["version"] for r, m in b.items()} for f, b in fitted.items()}
+    fit_hashing(cfg, again, seed=7)
+    seeded = load_fitted(cfg, again)["ad_id"][20]
+    assert len(seeded["ids"]) == len(fitted["ad_id"][20]["ids"])  # another seed may cluster differently, same ids
+
+
+def test_missing_fit_names_the_command(tmp_path) -> None:
+    cfg = _config(tmp_path)
+    with pytest.raises(FitMissingError, match=r"'ad_id'.*lattice hashing fit"):
+        load_fitted(cfg, Paths.for_config(cfg, tmp_path / "work"))
+
+
+def test_stale_fit_is_detected(fitted_table, tmp_path, spark) -> None:
+    cfg, paths, _, _ = fitted_table
+    # other hashing keys than the fit's
+    changed = _config(tmp_path, min_count=3)
+    with pytest.raises(FitStaleError, match=r"ad_id.*min_count.*lattice hashing fit"):
+        load_fitted(changed, paths)
+    # a model size that needs another row budget
+    student = cfg.models.student.model_copy(update={"table_scale": 0.25})
+    resized = cfg.model_copy(update={"models": cfg.models.model_copy(update={"student": student})})
+    with pytest.raises(FitStaleError, match=r"row budgets"):
+        load_fitted(resized, paths)
+    # the table was rebuilt with more training rows
+    work = Paths.for_config(cfg, tmp_path / "work")
+    write_table(work, cfg)
+    fit_hashing(cfg, work)
+    load_fitted(cfg, work)
+    write_table(work, cfg, extra_train=50)
+    with pytest.raises(FitStaleError, match=r"training split now has .* rows.*lattice hashing fit"):
+        load_fitted(cfg, work)
+
+
+def test_saved_files_and_summary(fitted_table) -> None:
+    _, paths, summary, fitted = fitted_table
+    fits, meta = read_fitted(paths, "ad_id")
+    assert meta["fingerprint"]["train_rows"] == fits[20]["window"]["rows"]
+    assert meta["fingerprint"]["keys"]["hashing"] == "learned"
+    line = summary["features"]["ad_id"][20]
+    assert line["kept"] == len(fitted["ad_id"][20]["ids"]) and 0.99 < line["coverage"] <= 1.0
+    json.dumps(summary)  # a stage summary is JSON (XCom, the CLI)
+
+
+def test_staged_model_runs_read_their_homes_fits(tmp_path) -> None:
+    from lattice.orchestration.run_paths import RunPaths
+
+    home = Paths(tmp_path, tmp_path)
+    staged = RunPaths.make(home, staged="teacher")
+    assert staged.hashing == home.hashing == Paths(staged.workdir, tmp_path).hashing  # the ranks' plain Paths
+
+
+def test_modulo_collision_note() -> None:
+    cfg = load_config(ROOT / "configs" / "demo.yaml")
+    uid = next(f for f in cfg.features.sparse if f.name == "user_id")
+    assert expected_colliding_pairs(20_000, 200_000) == pytest.approx(20_000 * 19_999 / 400_000)
+    note = collision_note(uid, 20_000, 200_000)
+    assert note and "about 1,000 pairs" in note and "hashing: vocab" in note
+    assert collision_note(uid, 100, 200_000) is None  # 0.02 expected pairs
+    assert collision_note(uid.model_copy(update={"hashing": "vocab"}), 20_000, 200_000) is None
+
+
+def test_features_dag_fits_only_when_a_feature_needs_it(tmp_path) -> None:
+    from lattice.orchestration.spec import dag_specs
+
+    def tasks(cfg: PlatformConfig) -> list[str]:
+        return [t.task_id for t in next(s for s in dag_specs(cfg) if s.family == "features").tasks]
+
+    assert "fit_hashing" not in tasks(load_config(ROOT / "configs" / "demo.yaml"))
+    ids = tasks(_config(tmp_path))
+    assert ids.index("training_set") < ids.index("fit_hashing") < ids.index("materialize")
+
+
+def test_cli_registers_hashing_fit() -> None:
+    from lattice.cli import build_parser
+
+    args = build_parser().parse_args(["hashing", "fit", "configs/demo.yaml", "--workdir", "/tmp/x"])
+    assert args.config == "configs/demo.yaml" and args.workdir == "/tmp/x"
