@@ -357,11 +357,12 @@ class ModelSize(Strict):
     """Dropout probability after every hidden layer of the interaction blocks, shared stacks and
     heads (0: off)."""
     bias: Literal["all", "final"] = "all"
-    """Mod: `final` drops the bias of every layer except each head's last (its prediction layer);
-    fewer operands for FP8 GEMMs and their scales."""
+    """Mod: `final` drops the bias of every layer (LayerNorms included) except each head's last
+    (its prediction layer); fewer operands for FP8 GEMMs and their scales."""
     block_norm: int = Field(default=0, ge=0)
     """Mod: parameter-free grouped RMS normalisation over fixed blocks of this many features after
-    every hidden layer (keeps FP8 inputs in range); 0: off."""
+    every hidden activation (keeps FP8 inputs in range); a width that is not a multiple ends in
+    one shorter block; 0: off."""
     activation: Literal["relu", "hardswish"] = "relu"
     """Mod: the hidden layers' activation."""
 

@@ -62,6 +62,8 @@ def evaluate(config: PlatformConfig, paths: Paths, model: str | list[str]) -> di
         found[name] = json.loads((d / "metrics.json").read_text())
         if (d / "history.json").exists():
             histories[name] = json.loads((d / "history.json").read_text())
-    # every pair on the same test rows: is the NE difference more than resampling noise?
-    comparisons = compare_models(config, load_test_predictions(paths, list(found)))
+    # every pair on the same test rows: is the NE difference more than resampling noise? The
+    # teacher (the reference every other model is judged against) goes first: A in "B - A"
+    ordered = sorted(found, key=lambda n: n != "teacher")
+    comparisons = compare_models(config, load_test_predictions(paths, ordered))
     return write_report(config, paths.reports, found, histories, comparisons)

@@ -57,8 +57,11 @@ def versus_trees(models: dict[str, dict[str, Any]], comparisons: list[dict] | No
     rows: dict[str, dict[str, Any]] = {}
     summary: dict[str, dict[str, Any]] = {d: {"better": 0, "tie": 0, "worse": 0, "cells": 0, "deltas": []} for d in deep}
     for cell in cells:
-        scored = [(t, _num(models[t]["cells"].get(cell, {}).get("ne"))) for t in trees]
-        scored = [(t, ne) for t, ne in scored if ne is not None]
+        scored: list[tuple[str, float]] = []
+        for t in trees:
+            t_ne = _num(models[t]["cells"].get(cell, {}).get("ne"))
+            if t_ne is not None:
+                scored.append((t, t_ne))
         if not scored:
             continue
         tree, tree_ne = min(scored, key=lambda x: x[1])

@@ -85,13 +85,20 @@ def _label(df, objective: str):
 
 
 def _date(df):
+    """The column whose min and max give the window's dates; compared raw (a cast per row costs
+    more than the whole aggregation), turned into yyyy-MM-dd on the driver."""
     from pyspark.sql import functions as F
 
-    if "date" in df.columns:
-        return F.col("date").cast("string")
-    if "event_timestamp" in df.columns:
-        return F.date_format(F.col("event_timestamp"), "yyyy-MM-dd")
+    for name in ("date", "event_timestamp"):
+        if name in df.columns:
+            return F.col(name)
     return F.lit(None).cast("string")
+
+
+def _day(value) -> str | None:
+    if value is None:
+        return None
+    return value.date().isoformat() if hasattr(value, "date") else getattr(value, "isoformat", lambda: str(value))()
 
 
 def window_of(df, config: PlatformConfig, split_column: bool) -> Window:
@@ -114,8 +121,8 @@ def window_of(df, config: PlatformConfig, split_column: bool) -> Window:
             positives[i] = [int(r[f"_p{j}"] or 0) for j in range(len(objs))]
     starts = [r["_lo"] for r in rows if r["_lo"] is not None]
     ends = [r["_hi"] for r in rows if r["_hi"] is not None]
-    return Window(rows=int(sum(r["_n"] for r in rows)), start=min(starts) if starts else None,
-                  end=max(ends) if ends else None, split_column=split_column, labelled=labelled, positives=positives)
+    return Window(rows=int(sum(r["_n"] for r in rows)), start=_day(min(starts)) if starts else None,
+                  end=_day(max(ends)) if ends else None, split_column=split_column, labelled=labelled, positives=positives)
 
 
 def id_stats(df, config: PlatformConfig, column: str, with_labels: bool) -> IdStats:

@@ -111,8 +111,9 @@ class TreeFeatures:
 
     def save(self, path: Path) -> None:
         """The fitted vocabularies and counts, so a saved booster can score new rows."""
-        arrays = {f"ids__{e.name}": e.ids for e in self.sparse} | {f"counts__{e.name}": e.counts for e in self.sparse}
-        np.savez_compressed(path, **arrays)
+        arrays: dict[str, np.ndarray] = {f"ids__{e.name}": e.ids for e in self.sparse}
+        arrays |= {f"counts__{e.name}": e.counts for e in self.sparse}
+        np.savez_compressed(path, **arrays)  # type: ignore[arg-type]  # numpy's stub types **kwds as bool
 
 
 def lgb_params(settings: Gbdt, seed: int, num_threads: int) -> dict:
@@ -138,7 +139,7 @@ class Fitted:
     def predict(self, x: np.ndarray) -> np.ndarray:
         if self.booster is None:
             return np.full(len(x), self.constant)
-        return self.booster.predict(x, num_iteration=self.best_round)
+        return np.asarray(self.booster.predict(x, num_iteration=self.best_round), dtype=np.float64)
 
     def describe(self) -> dict:
         return {"train_rows": self.train_rows, "valid_rows": self.valid_rows, "best_round": self.best_round,

@@ -62,12 +62,12 @@ def read_rows(config: PlatformConfig, table, stats: DenseStats) -> tuple[dict[st
     return arrs, np.concatenate(splits)
 
 
-def _fit_rows(split: np.ndarray, settings_cap: int | None, seed: int) -> np.ndarray:
+def _fit_rows(split: np.ndarray, cap: int | None, seed: int) -> np.ndarray:
     """Boolean mask of the train rows to fit on: all of them, or a seeded uniform sample."""
     train = split == "train"
-    if settings_cap is None or train.sum() <= settings_cap:
+    if cap is None or train.sum() <= cap:
         return train
-    keep = np.random.default_rng(seed).choice(np.flatnonzero(train), settings_cap, replace=False)
+    keep = np.random.default_rng(seed).choice(np.flatnonzero(train), cap, replace=False)
     out = np.zeros(len(split), bool)
     out[keep] = True
     return out

@@ -44,7 +44,8 @@ def train(config: PlatformConfig, paths: Paths, model: str = "teacher", nproc: i
     """Train one model (teacher | student | separate | pooled | mmoe | shared_bottom | gbdt |
     gbdt_cell, optionally 'kind@tag'). `teacher_scores`: parquet of example_id + p_<objective>
     (distillation). The LightGBM baselines go to lattice.training.gbdt_stage before any torch
-    code: they have no epochs or ranks (their rounds stop early, their threads are the machine's)."""
+    code: they have no epochs or ranks (`nproc` and `epochs` do not apply: their rounds stop early on
+    the validation split, their threads are models.baselines.trees.num_threads)."""
     if kind_of(model) in GBDT_KINDS:
         if teacher_scores is not None or resume:
             raise ValueError(f"{model!r} is a LightGBM baseline: it takes no teacher scores and no --resume "

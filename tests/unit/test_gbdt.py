@@ -50,7 +50,8 @@ def _table(paths: Paths) -> pd.DataFrame:
     return pd.read_parquet(paths.consolidated).assign(domain=lambda d: d["domain"].astype(str))
 
 
-def _direct_features(cfg: PlatformConfig, paths: Paths, df: pd.DataFrame, model: str, with_domain: bool) -> tuple[np.ndarray, list[int]]:
+def _direct_features(cfg: PlatformConfig, paths: Paths, df: pd.DataFrame, model: str,
+                     with_domain: bool) -> tuple[np.ndarray, list[int]]:
     """The boosters' matrix rebuilt by hand: the saved dense stats applied to the raw columns, each
     sparse id as its rank among the train ids (at most max_categories of them) or its train count."""
     stats = DenseStats.load(paths.model_dir(model) / "dense_stats.json")
@@ -76,7 +77,8 @@ def _direct_features(cfg: PlatformConfig, paths: Paths, df: pd.DataFrame, model:
     return np.hstack(cols), cats
 
 
-def _direct_fit(cfg: PlatformConfig, x: np.ndarray, cats: list[int], y: np.ndarray, fit: np.ndarray, valid: np.ndarray) -> lgb.Booster:
+def _direct_fit(cfg: PlatformConfig, x: np.ndarray, cats: list[int], y: np.ndarray, fit: np.ndarray,
+                valid: np.ndarray) -> lgb.Booster:
     t = cfg.models.baselines.trees
     params = {"objective": "binary", "metric": "binary_logloss", "num_leaves": t.num_leaves, "learning_rate": t.learning_rate,
               "min_data_in_leaf": t.min_data_in_leaf, "lambda_l2": t.lambda_l2, "seed": cfg.training.seed,
@@ -207,3 +209,15 @@ def test_evaluate_and_the_dags_show_the_teacher_beside_the_trees(trained) -> Non
     off = cfg.models.baselines.model_copy(update={"gbdt": False, "gbdt_cell": False})
     no_trees = cfg.model_copy(update={"models": cfg.models.model_copy(update={"baselines": off})})
     assert [t.task_id for s in dag_specs(no_trees) if s.family == "train_teacher" for t in s.tasks][-1] == "register_teacher"
+
+
+def test_a_row_cap_samples_the_train_split_only_and_the_trees_refuse_torch_options(trained) -> None:
+    from lattice.training.gbdt_stage import _fit_rows
+
+    cfg, paths = trained
+    split = np.array(["train"] * 50 + ["validation"] * 5 + ["test"] * 5, dtype=object)
+    rows = _fit_rows(split, 20, seed=0)
+    assert rows.sum() == 20 and not rows[50:].any()
+    assert np.array_equal(rows, _fit_rows(split, 20, seed=0)) and _fit_rows(split, None, 0).sum() == 50
+    with pytest.raises(ValueError, match="no teacher scores and no --resume"):
+        train(cfg, paths, model="gbdt", resume=True)

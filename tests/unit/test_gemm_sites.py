@@ -36,13 +36,6 @@ def demo():
     return load_config(ROOT / "configs" / "demo.yaml")
 
 
-def _modulo(cfg):
-    """Every feature hashed 'modulo': the artifact tests then do not depend on how the export
-    swaps the range-checked 'none' remap (the sparse arch's business, not the sites')."""
-    sparse = [f.model_copy(update={"hashing": "modulo"}) for f in cfg.features.sparse]
-    return cfg.model_copy(update={"features": cfg.features.model_copy(update={"sparse": sparse})})
-
-
 def _with_size(cfg, kind: str, **update):
     """cfg with the model size of `kind` (teacher, student or the baselines') updated."""
     m = cfg.models
@@ -439,7 +432,7 @@ def test_fp8_sites_train(demo) -> None:
 
 @pytest.mark.parametrize("kind", ["teacher", "student"])
 def test_scripted_artifact_with_fp8_sites_matches_the_eager_fp8_model(demo, kind) -> None:
-    cfg = _with_size(_modulo(tiny(demo)), kind, domain_fm=2)
+    cfg = _with_size(tiny(demo), kind, domain_fm=2)
     torch.manual_seed(0)
     model = build_model(cfg, kind, 4)
     inputs = _inputs(cfg, n=16)
@@ -469,7 +462,7 @@ def test_scripted_artifact_with_fp8_sites_matches_the_eager_fp8_model(demo, kind
 
 def test_plan_from_probes_to_artifact(demo, tmp_path) -> None:
     """The real path: probe while training, plan, apply, train in FP8, export."""
-    cfg = _with_size(_modulo(tiny(demo)), "teacher", domain_fm=2)
+    cfg = _with_size(tiny(demo), "teacher", domain_fm=2)
     torch.manual_seed(0)
     model = build_model(cfg, "teacher", 4)
     attach_probes(model)
