@@ -564,7 +564,7 @@ class FP8(Strict):
     min_speedup: float = Field(default=1.05, gt=0)
     """On a CUDA device with FP8 support, a site also needs this measured speed-up for its own GEMM
     shape; on CPU FP8 is emulated and judged on quality only."""
-    probe_every: int = Field(default=10, ge=1)
+    probe_every: int = Field(default=20, ge=1)
     """Training steps between two updates of the probe's running statistics."""
     warmup_steps: int = Field(default=200, ge=1)
     """Steps trained in FP32 to learn the statistics; the plan is made then and FP8 starts."""

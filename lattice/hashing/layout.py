@@ -119,12 +119,12 @@ def mixed_layout(popularity: np.ndarray, budget_rows: int, dim: int, alpha: floa
 
     The rule: the head (the top min(R/2, T/2) rows) is full width d; the tail is cut into up to 3
     blocks (`MIXED_TAIL_BLOCKS`), block k of width d · (p_k / p_head)^α rounded to an even number
-    in [2, d] (INT8 export needs even widths; 1 when d is 1), p the block's mean popularity. The parameter budget is the full-width table of the row
-    budget: R·d, counting the block tables and each narrower block's d x w projection. Where the
-    whole row space does not fit at those widths, the tail keeps as many rows as fit (the largest
-    row count T' whose layout costs <= R·d) and the rarer rows share the last block's rows by
-    modulo; at the smallest budgets (when not even two narrow blocks fit) every block is full
-    width over R rows."""
+    in [2, d] (INT8 export needs even widths; 1 when d is 1), p the block's mean popularity. The
+    parameter budget is the full-width table of the row budget: R·d, counting the block tables
+    and each narrower block's d x w projection. Where the whole row space does not fit at those
+    widths, the tail keeps as many rows as fit (the largest row count T' whose layout costs
+    <= R·d) and the rarer rows share the last block's rows by modulo; at the smallest budgets
+    (when not even two narrow blocks fit) every block is full width over R rows."""
     pop = np.asarray(popularity, dtype=np.float64)
     rows = int(pop.shape[0])
     if rows < 2:

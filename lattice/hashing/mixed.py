@@ -30,7 +30,8 @@ def rank_lookup(m: dict) -> Tuple[FittedLookup, np.ndarray]:
     ids = _i64(m["ids"])
     counts = np.asarray(m["counts"], dtype=np.int64).reshape(-1)
     if counts.shape[0] != ids.numel():
-        raise ValueError(f"the fitted mixed map has {ids.numel()} ids but {counts.shape[0]} counts; run `lattice hashing fit CONFIG` again")
+        raise ValueError(f"the fitted mixed map has {ids.numel()} ids but {counts.shape[0]} counts; "
+                         "run `lattice hashing fit CONFIG` again")
     order = np.argsort(-counts, kind="stable")  # ids are sorted, so ties keep id order
     rank = np.empty_like(order)
     rank[order] = np.arange(order.shape[0])

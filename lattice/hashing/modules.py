@@ -17,7 +17,7 @@ artifact (`ZCHRemap.frozen`).
 # no `from __future__ import annotations`: FX codegen and TorchScript need real annotation objects
 
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple, cast
 
 import numpy as np
 import torch
@@ -94,6 +94,9 @@ class FittedLookup(nn.Module):
     rows and the out-of-vocabulary range. Non-persistent: the saved blob's `hashing` dict is the
     source of truth and rebuilds them; the state dict stays the tables' and layers' weights."""
 
+    ids: torch.Tensor
+    rows_of: torch.Tensor
+
     def __init__(self, ids: torch.Tensor, rows_of: torch.Tensor, oov_start: int, oov_rows: int, rows: int):
         super().__init__()
         if ids.numel() == 0:
@@ -139,7 +142,15 @@ class KJTCompress(nn.Module):
 
     def combine(self, pooled: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
         """Sub-key -> (B, w) pooled embeddings to feature -> (B, d_f)."""
-        return {m.name: m.combine([pooled[k] for k in m.sub_keys]) for m in self.features}
+        out: Dict[str, torch.Tensor] = {}
+        for m in self.features:
+            c = cast(Compression, m)
+            out[c.name] = c.combine([pooled[k] for k in c.sub_keys])
+        return out
+
+    def compressions(self) -> List[Compression]:
+        """The per-feature modules, in feature order."""
+        return [cast(Compression, m) for m in self.features]
 
 
 # ---------------------------------------------------------------- fitted maps
@@ -225,7 +236,7 @@ def make_compression(config: PlatformConfig, feature: SparseFeature, size: Model
     if feature.hashing == "qr":
         return qr.QRCompression(feature, rows, dim, m)
     if feature.hashing == "mixed":
-        return mixed.MixedCompression(feature, rows, dim, m)
+        return mixed.MixedCompression(feature, rows, dim, cast(dict, m))
     remap = make_remap(config, feature, rows, m)
     table_rows = remap.rows if isinstance(remap, FittedLookup) else rows
     return RemapCompression(feature.name, table_rows, dim, remap)

@@ -8,11 +8,12 @@ table (q rows) and of the remainder table (r rows): two ids below M never share 
 id of the id space keeps a distinct embedding with q + r = R rows (the row budget) instead of M.
 
 Combine (`qr_combine`): `mul` (element-wise product, the paper's best), `add`, or `concat` of
-two tables that split the width d (two even halves where d allows, `layout.qr_widths`). Pooling: each table is SUM-pooled over the bag first,
-then the bag's two sums are combined. `add` and `concat` are therefore exactly the sum over the
-bag of each id's combined embedding; `mul` is that only for bags of at most one id (every
-feature the loaders produce today), and for longer bags the product of the two sums (it adds the
-cross terms q(a)·r(b) of different ids a, b).
+two tables that split the width d (even widths where d allows: 8 -> 4 + 4, 6 -> 4 + 2).
+Pooling: each table is SUM-pooled over the bag first, then the bag's two sums are combined.
+`add` and `concat` are therefore exactly the sum over the bag of each id's combined embedding;
+`mul` is that only for bags of at most one id (every feature the loaders produce today), and
+for longer bags the product of the two sums (it adds the cross terms q(a)·r(b) of different
+ids a, b).
 """
 
 # no `from __future__ import annotations`: FX codegen and TorchScript need real annotation objects
@@ -22,10 +23,11 @@ import math
 from typing import List, Optional, Tuple
 
 import torch
+from torch import nn
 
 from lattice.config.schema import SparseFeature
 from lattice.hashing.layout import qr_split, qr_widths
-from lattice.hashing.modules import Compression, FittedLookup, TableSpec, lookup_from_map
+from lattice.hashing.modules import Compression, TableSpec, lookup_from_map
 
 
 def _near_one(weight: torch.Tensor, half_width: float) -> torch.Tensor:
@@ -47,14 +49,10 @@ class QRCompression(Compression):
         self.q_rows, self.r_rows, self.id_space = q, r, q * r
         self.mode: str = feature.qr_combine
         # a vocab fit (if the feature has one) first gives each frequent id its own index
-        self.pre: Optional[FittedLookup] = lookup_from_map(feature, fitted_map, rows, cap_to_budget=False) if fitted_map else None
-        self.has_pre = self.pre is not None
+        self.pre: nn.Module = lookup_from_map(feature, fitted_map, rows, cap_to_budget=False) if fitted_map else nn.Identity()
 
     def forward(self, values: torch.Tensor, lengths: torch.Tensor) -> Tuple[List[torch.Tensor], List[torch.Tensor]]:
-        x = values
-        if self.has_pre:
-            x = self.pre(values)
-        x = torch.remainder(x, self.id_space)  # (N,) in [0, q·r)
+        x = torch.remainder(self.pre(values), self.id_space)  # (N,) in [0, q·r)
         quotient = torch.div(x, self.r_rows, rounding_mode="floor")  # (N,) in [0, q)
         remainder = torch.remainder(x, self.r_rows)  # (N,) in [0, r)
         return [quotient, remainder], [lengths, lengths]

@@ -24,7 +24,8 @@ def model_cost(model: nn.Module, config: PlatformConfig, n_dense: int, batch: in
     from lattice.hashing.modules import compressions, lookup_buffer_bytes
 
     comp = compressions(model)
-    emb_params = sum(p.numel() for e in _ebcs(model) for p in e.parameters()) + sum(p.numel() for c in comp for p in c.parameters())
+    emb_params = (sum(p.numel() for e in _ebcs(model) for p in e.parameters())
+                  + sum(p.numel() for c in comp for p in c.parameters()))
     total = sum(p.numel() for p in model.parameters())
     # one id per sparse feature: pooling reads d values per lookup (counted as d FLOPs); a
     # compressed feature reads its tables' widths (qr: both, mixed: one block's)

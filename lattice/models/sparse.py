@@ -34,12 +34,12 @@ class SparseArch(nn.Module):
         # fitted: feature -> {row budget: fitted id map} (lattice.hashing) for the schemes that need one
         self.keys = [f.name for f in config.features.sparse]
         self.compress = KJTCompress(self.keys, [make_compression(config, f, size, fitted) for f in config.features.sparse])
-        self.dims = [m.out_dim for m in self.compress.features]
+        self.dims = [m.out_dim for m in self.compress.compressions()]
         self.ebc = EmbeddingBagCollection(
             tables=[
                 EmbeddingBagConfig(name=f"t_{t.sub_key}", embedding_dim=t.dim, num_embeddings=t.rows, feature_names=[t.sub_key],
                                    pooling=PoolingType.SUM, init_fn=t.init_fn)
-                for m in self.compress.features for t in m.tables
+                for m in self.compress.compressions() for t in m.tables
             ],
             device=torch.device("cpu"),
         )

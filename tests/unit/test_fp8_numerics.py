@@ -33,7 +33,8 @@ HALF_SUBNORMAL = {"e4m3_tensor": 2.0**-10, "e4m3_row": 2.0**-10, "mx_block32": 2
 def _batches(seed: int, sizes: list[int], k: int) -> list[torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     mix = torch.randn(k, k, generator=g)
-    return [torch.randn(n, k, generator=g) @ mix + 3.0 for n in sizes]  # correlated, offset features
+    # float64, so the merge is checked to float64 precision (float32 input is moment-ed in float32)
+    return [(torch.randn(n, k, generator=g) @ mix + 3.0).double() for n in sizes]  # correlated, offset features
 
 
 def _two_pass(batches: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -65,6 +66,24 @@ def test_two_ranks_merged_equal_one_pass_over_all_batches() -> None:
     mean, cov = _two_pass(batches)
     torch.testing.assert_close(r0.mean, mean, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(r0.cov(), cov, rtol=1e-10, atol=1e-10)
+
+
+def test_float32_batches_agree_with_float64_moments() -> None:
+    batches = _batches(3, [40, 25], 6)
+    m = RunningMoments(6)
+    for b in batches:
+        m.update(b.float())
+    mean, cov = _two_pass(batches)
+    torch.testing.assert_close(m.mean, mean, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(m.cov(), cov, rtol=1e-5, atol=1e-5)
+
+
+def test_probe_reads_a_strided_subset_of_a_large_batch() -> None:
+    from lattice.fp8.stats import MAX_ROWS, SiteProbe
+
+    p = SiteProbe(3)
+    p.observe(torch.randn(4 * MAX_ROWS + 1, 3))
+    assert 0 < p.a.count <= MAX_ROWS
 
 
 def test_wide_k_keeps_diagonal_only_and_matches_variances() -> None:
