@@ -273,3 +273,19 @@ def test_cli_registers_hashing_fit() -> None:
 
     args = build_parser().parse_args(["hashing", "fit", "configs/demo.yaml", "--workdir", "/tmp/x"])
     assert args.config == "configs/demo.yaml" and args.workdir == "/tmp/x"
+
+
+def test_cluster_rows_beyond_the_centre_cap_fill_every_row_deterministically() -> None:
+    from lattice.hashing.cluster import MAX_CLUSTERS, _allocate, cluster_rows
+
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        sizes = rng.integers(1, 50, rng.integers(1, 30)).astype(np.int64)
+        rows = int(rng.integers(len(sizes), sizes.sum() + 1))
+        alloc = _allocate(sizes, rows)
+        assert alloc.sum() == rows and (alloc >= 1).all() and (alloc <= sizes).all()
+    x = rng.normal(size=(3000, 4))
+    rows = 2 * MAX_CLUSTERS + 88
+    got = cluster_rows(x, np.ones(len(x)), rows, seed=1)
+    assert got.min() == 0 and got.max() == rows - 1 and len(np.unique(got)) == rows
+    assert np.array_equal(got, cluster_rows(x, np.ones(len(x)), rows, seed=1))
