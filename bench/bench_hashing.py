@@ -1,138 +1,186 @@
-"""Hash-fit benchmark: seconds of `lattice hashing fit` on a synthetic consolidated table.
+"""Compressed embeddings at equal memory: per-(domain, objective) test NE against embedding
+parameter bytes for full tables (exact ids, `vocab` with a row per id), the hashing trick
+(`modulo`), QR, mixed-dimension, TorchRec's zero-collision tables (`zch`) and learned hashing, at
+2x, 4x, 16x and 64x fewer rows than the id count.
 
-    nice .venv/bin/python bench/bench_hashing.py --rows 1000000
-    nice .venv/bin/python bench/bench_hashing.py --rows 10000000 --users 2500000 --ads 250000
+    nice .venv/bin/python bench/bench_hashing.py --datasets demo --rows 1000000
+    nice .venv/bin/python bench/bench_hashing.py --datasets avazu,taobao
 
-The table is written straight from numpy in the pipeline's layout (date=/domain=/part.parquet,
-a `split` column, labels and masks) so that the fit is what is timed, not the log generator:
-user and ad ids Zipf-distributed over their id spaces, clicks driven by a per-id effect (so the
-learned clustering has something to find). The demo config is used with user_id and ad_id
-switched to `hashing: learned` (their 200k / 50k row budgets; the student's table_scale adds a
-second budget each) and device to `mixed`. Goal: the fit on 10M rows under a tenth of the
-teacher's training time on the same rows.
+The schemes apply to every sparse feature with at least `--min-ids` distinct training ids (the
+small fields keep exact ids in every run, so only the big tables differ). Every run trains the
+same model (`--model`, default the teacher) on the same table, split, seed and epochs. Prints one
+table per dataset, the goals (learned at 16x within 0.3% of full tables and ahead of modulo and QR
+at the same bytes; the served artifact shrinking with the rows; the fit under a tenth of the
+teacher's training time) and writes a plot of NE against bytes (one line per scheme) to
+.lattice/bench/bench_hashing_<dataset>.png. Asserts nothing.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
+import platform
 import sys
 import time
 from pathlib import Path
 
-import numpy as np
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 
-from lattice.config import PlatformConfig, load_config  # noqa: E402
-from lattice.paths import Paths  # noqa: E402
-
-DATES = [f"2026-01-{d:02d}" for d in range(1, 15)]
-
-
-def _zipf_ids(rng: np.random.Generator, n: int, space: int, a: float = 1.1) -> np.ndarray:
-    """n draws from `space` ids with Zipf-like popularity (rank^-a), ids scattered in int64."""
-    p = np.arange(1, space + 1, dtype=np.float64) ** -a
-    rank = rng.choice(space, n, p=p / p.sum())
-    return (rank.astype(np.int64) * 2654435761 + 12345) % (2**40)  # a fixed scatter of the ranks
+SCHEMES = ("modulo", "qr", "mixed", "zch", "learned")
+RATIOS = (2, 4, 16, 64)
+CONFIGS = {"demo": "configs/demo.yaml", "avazu": "configs/avazu.yaml", "taobao": "configs/taobao.yaml"}
 
 
-def write_table(config: PlatformConfig, paths: Paths, rows: int, users: int, ads: int, seed: int = 0,
-                chunk: int = 1_000_000) -> float:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+def prepare(name: str, rows: int, workdir: Path):
+    """(config, paths) with a table to train on: the synthetic demo through the pandas reference
+    consolidation, real samples through the Spark feature stage."""
+    from lattice.config import load_config
+    from lattice.paths import Paths
+    from lattice.stages import run_stage
 
-    t0 = time.perf_counter()
-    rng = np.random.default_rng(seed)
-    doms = config.domain_names
-    part = 0
-    for start in range(0, rows, chunk):
-        n = min(chunk, rows - start)
-        user, ad = _zipf_ids(rng, n, users), _zipf_ids(rng, n, ads)
-        domain = rng.choice(doms, n)
-        # a per-id effect on the click logit (a hash of the id: the same id, the same effect)
-        effect = ((user * 7919 % 1000) / 1000 - 0.5) + ((ad * 104729 % 1000) / 1000 - 0.5)
-        click = (rng.random(n) < 1 / (1 + np.exp(-(-2.5 + 1.5 * effect)))).astype(np.int8)
-        conv_mask = np.isin(domain, ["feed", "search"]).astype(np.int8)
-        date = rng.choice(DATES, n)
-        cols = {
-            "example_id": pa.array(np.char.add("e", np.arange(start, start + n).astype(str))),
-            "split": pa.array(rng.choice(["train"] * 8 + ["validation", "test"], n)),
-            "user_id": user, "ad_id": ad, "user_segment": user % 64, "ad_category": ad % 128,
-            "device": rng.integers(0, 12, n).astype(np.int64), "position": rng.integers(0, 8, n).astype(np.int64),
-            "query_category": rng.integers(0, 100, n).astype(np.int64),
-            "label_click": click, "mask_click": np.ones(n, np.int8),
-            "label_conversion": (click * (rng.random(n) < 0.1) * conv_mask).astype(np.int8), "mask_conversion": conv_mask,
-        }
-        tbl = pa.table({k: v if isinstance(v, pa.Array) else pa.array(v) for k, v in cols.items()})
-        for d in DATES:
-            for dom in doms:
-                keep = np.flatnonzero((date == d) & (domain == dom))
-                f = paths.consolidated / f"date={d}" / f"domain={dom}" / f"part-{part:05d}.parquet"
-                f.parent.mkdir(parents=True, exist_ok=True)
-                pq.write_table(tbl.take(pa.array(keep)), f)
-        part += 1
-    return time.perf_counter() - t0
+    config = load_config(ROOT / CONFIGS[name])
+    if name == "demo":
+        from bench_train import prepare as prepare_synthetic
+
+        return prepare_synthetic(config, rows, workdir / f"demo{rows}")
+    paths = Paths.for_config(config, workdir / name)
+    paths.ensure()
+    if not paths.training_set.exists():
+        run_stage("features", config, paths)
+    return config, paths
 
 
-def _cpu_seconds() -> float:
-    """CPU seconds of this process and its children (the Spark JVM): on a shared machine the wall
-    time depends on the neighbours, the CPU time much less."""
-    import psutil
+def distinct_ids(config, paths) -> dict[str, int]:
+    from lattice.data.loader import find_table, fit_dense_stats
 
-    procs = [psutil.Process()]
-    procs += procs[0].children(recursive=True)
-    total = 0.0
-    for pr in procs:
-        try:
-            t = pr.cpu_times()
-            total += t.user + t.system
-        except psutil.Error:
-            pass
-    return total
+    return dict(fit_dense_stats(config, Path(find_table(paths))).distinct_ids or {})
 
 
-def bench_config(base: PlatformConfig, data_root: Path) -> PlatformConfig:
-    keys = {"user_id": {"hashing": "learned"}, "ad_id": {"hashing": "learned"}, "device": {"hashing": "mixed"}}
-    sparse = [f.model_copy(update=keys.get(f.name, {})) for f in base.features.sparse]
-    return base.model_copy(update={"features": base.features.model_copy(update={"sparse": sparse}),
-                                   "data_root": str(data_root)})
+def variant(config, distinct: dict[str, int], scheme: str, ratio: int, min_ids: int):
+    """The config with every big feature's table at id count / ratio rows under `scheme`."""
+    sparse = []
+    for f in config.features.sparse:
+        n = distinct.get(f.name, 0)
+        if n < min_ids:
+            sparse.append(f.model_copy(update={"hashing": "vocab", "num_embeddings": max(4, n + 1)}))
+        else:
+            sparse.append(f.model_copy(update={"hashing": scheme, "num_embeddings": max(4, math.ceil(n / ratio))}))
+    return config.model_copy(update={"features": config.features.model_copy(update={"sparse": sparse})})
+
+
+def run_one(config, paths, model: str, tag: str, epochs: int | None) -> dict:
+    from lattice.config.summary import embedding_bytes
+    from lattice.export.stages import export_model
+    from lattice.hashing.budgets import needs_fit
+    from lattice.training.stages import train
+
+    fit_s = 0.0
+    if needs_fit(config):
+        from lattice.hashing.fit import fit_hashing
+
+        t = time.perf_counter()
+        fit_hashing(config, paths)
+        fit_s = time.perf_counter() - t
+    name = f"{model}@{tag}"
+    t = time.perf_counter()
+    train(config, paths, model=name, nproc=1, epochs=epochs, progress=False)
+    train_s = time.perf_counter() - t
+    d = paths.model_dir(name)
+    metrics = json.loads((d / "metrics.json").read_text())
+    exported = export_model(config, paths, name)
+    cost = metrics.get("cost", {})
+    return {"cells": {c: v["ne"] for c, v in metrics["cells"].items()},
+            "macro": float(sum(v["ne"] for v in metrics["cells"].values()) / max(len(metrics["cells"]), 1)),
+            "embedding_bytes": int(cost.get("embedding_params", 0)) * 4 or embedding_bytes(config),
+            "lookup_bytes": int(cost.get("lookup_bytes", 0)), "artifact_mb": exported["artifact_mb"],
+            "fit_seconds": fit_s, "train_seconds": train_s}
+
+
+def plot(name: str, results: dict, dest: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    full = results.get("full")
+    for scheme in SCHEMES:
+        pts = sorted((r["embedding_bytes"], r["macro"]) for k, r in results.items() if k.startswith(scheme + "@"))
+        if pts:
+            ax.plot([p[0] / 2**20 for p in pts], [p[1] for p in pts], marker="o", label=scheme)
+    if full:
+        ax.scatter([full["embedding_bytes"] / 2**20], [full["macro"]], marker="*", s=160, color="black", label="full (exact ids)", zorder=5)
+    ax.set_xscale("log")
+    ax.set_xlabel("embedding parameters (MiB, fp32)")
+    ax.set_ylabel("test NE (mean over cells; lower is better)")
+    ax.set_title(f"{name}: NE against embedding memory")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(dest, dpi=110)
+    plt.close(fig)
+
+
+def bench_dataset(name: str, args) -> dict:
+    config, paths = prepare(name, args.rows, Path(args.workdir))
+    config = config.model_copy(update={"training": config.training.model_copy(update={"nproc": 1})})
+    distinct = distinct_ids(config, paths)
+    big = {k: v for k, v in distinct.items() if v >= args.min_ids}
+    print(f"[{name}] distinct training ids of the compressed features: {big}", flush=True)
+    results: dict[str, dict] = {}
+    runs = [("full", variant(config, distinct, "vocab", 1, args.min_ids))]
+    runs += [(f"{s}@{r}x", variant(config, distinct, s, r, args.min_ids)) for r in args.ratios for s in args.schemes]
+    for tag, cfg in runs:
+        r = results[tag] = run_one(cfg, paths, args.model, tag.replace("@", "_"), args.epochs)
+        print(f"[{name}] {tag:<12} NE {r['macro']:.4f}  embeddings {r['embedding_bytes'] / 2**20:8.2f} MiB  "
+              f"lookup {r['lookup_bytes'] / 2**20:6.2f} MiB  artifact {r['artifact_mb']:7.2f} MB  "
+              f"fit {r['fit_seconds']:5.1f}s  train {r['train_seconds']:5.0f}s", flush=True)
+    full = results["full"]
+    cells = list(full["cells"])
+    print(f"\n[{name}] test NE per cell (relative to full tables)")
+    print(f"{'run':<12}" + "".join(f"{c:>22}" for c in cells) + f"{'mean':>10}{'MiB':>9}")
+    for tag, r in results.items():
+        print(f"{tag:<12}" + "".join(f"{r['cells'][c]:>12.4f} ({r['cells'][c] / full['cells'][c] - 1:+.2%})" for c in cells)
+              + f"{r['macro']:>10.4f}{r['embedding_bytes'] / 2**20:>9.2f}")
+    goals = {}
+    if "learned@16x" in results:
+        lr = results["learned@16x"]
+        goals["learned16_vs_full"] = lr["macro"] / full["macro"] - 1
+        goals["learned16_beats"] = {s: lr["macro"] < results[f"{s}@16x"]["macro"] for s in ("modulo", "qr") if f"{s}@16x" in results}
+        goals["artifact_shrink_16x"] = full["artifact_mb"] / max(lr["artifact_mb"], 1e-9)
+        goals["fit_over_train"] = lr["fit_seconds"] / max(full["train_seconds"], 1e-9)
+        print(f"[{name}] learned at 16x: NE {goals['learned16_vs_full']:+.2%} vs full (goal <= +0.3%); beats "
+              + ", ".join(f"{s} {'yes' if b else 'no'}" for s, b in goals["learned16_beats"].items())
+              + f"; artifact {goals['artifact_shrink_16x']:.1f}x smaller; fit {lr['fit_seconds']:.1f}s = "
+              f"{goals['fit_over_train']:.1%} of the full teacher's training ({full['train_seconds']:.0f}s, goal < 10%)")
+    dest = ROOT / ".lattice" / "bench" / f"bench_hashing_{name}.png"
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    plot(name, results, dest)
+    print(f"[{name}] plot: {dest}")
+    return {"distinct": distinct, "results": results, "goals": goals}
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", default=str(ROOT / "configs" / "demo.yaml"))
-    p.add_argument("--rows", type=int, default=1_000_000)
-    p.add_argument("--users", type=int, default=200_000)
-    p.add_argument("--ads", type=int, default=50_000)
-    p.add_argument("--workdir", default=None)
-    p.add_argument("--master", default=None)
+    p.add_argument("--datasets", default="demo,avazu", help=f"comma list of {sorted(CONFIGS)}")
+    p.add_argument("--rows", type=int, default=1_000_000, help="synthetic demo rows")
+    p.add_argument("--model", default="teacher")
+    p.add_argument("--epochs", type=int, default=None, help="default: the config's training.epochs")
+    p.add_argument("--schemes", type=lambda s: s.split(","), default=list(SCHEMES))
+    p.add_argument("--ratios", type=lambda s: [int(x) for x in s.split(",")], default=list(RATIOS))
+    p.add_argument("--min-ids", type=int, default=256, help="compress the features with at least this many distinct ids")
+    p.add_argument("--workdir", default=str(ROOT / ".lattice" / "bench_hashing"))
     args = p.parse_args()
-    workdir = Path(args.workdir or ROOT / ".lattice" / f"bench_hashing_{args.rows}")
-    config = bench_config(load_config(args.config), workdir / "raw")
-    paths = Paths.for_config(config, workdir)
-    write_s = None
-    if not paths.consolidated.is_dir():
-        write_s = write_table(config, paths, args.rows, args.users, args.ads)
-        print(f"table: {args.rows:,} rows written in {write_s:.1f}s -> {paths.consolidated}", flush=True)
-    from lattice.cli.hashing_cmd import fit_line
-    from lattice.hashing.fit import fit_hashing
-    from pipelines.spark import get_spark
-
-    t = time.perf_counter()
-    get_spark(args.master, app_name="lattice-hashing")
-    spark_s = time.perf_counter() - t
-    cpu0 = _cpu_seconds()
-    t = time.perf_counter()
-    summary = fit_hashing(config, paths, master=args.master,
-                          progress=lambda f, fits: [print(fit_line(f, r, m), flush=True) for r, m in fits.items()])
-    fit_s = time.perf_counter() - t
-    cpu_s = _cpu_seconds() - cpu0
-    result = {"rows": args.rows, "train_rows": summary["window"]["rows"], "spark_start_s": round(spark_s, 1),
-              "fit_s": round(fit_s, 1), "fit_cpu_s": round(cpu_s, 1), "write_table_s": None if write_s is None else round(write_s, 1),
-              "timings": summary["timings"], "features": summary["features"]}
-    print(json.dumps(result, indent=1, default=str))
+    print(f"machine: {platform.machine()}, {os.cpu_count()} cpus, python {platform.python_version()}, "
+          f"load avg {os.getloadavg()[0]:.1f}", flush=True)
+    out = {name: bench_dataset(name, args) for name in args.datasets.split(",")}
+    dest = ROOT / ".lattice" / "bench" / "bench_hashing.json"
+    dest.write_text(json.dumps(out, indent=2, default=float))
+    print(f"figures written to {dest}")
 
 
 if __name__ == "__main__":

@@ -289,3 +289,17 @@ def test_cluster_rows_beyond_the_centre_cap_fill_every_row_deterministically() -
     got = cluster_rows(x, np.ones(len(x)), rows, seed=1)
     assert got.min() == 0 and got.max() == rows - 1 and len(np.unique(got)) == rows
     assert np.array_equal(got, cluster_rows(x, np.ones(len(x)), rows, seed=1))
+
+
+def test_the_models_torch_lookup_agrees_with_the_reference(fitted_table) -> None:
+    import torch
+
+    from lattice.hashing.modules import lookup_from_map
+
+    cfg, _, _, fitted = fitted_table
+    ids, _ = _groups()
+    probe = np.concatenate([ids, [HUGE + 1, -7, -(2**63), 2**63 - 1, 0]]).astype(np.int64)
+    for f in cfg.features.sparse:
+        for budget, m in fitted.get(f.name, {}).items():
+            got = lookup_from_map(f, m, budget)(torch.from_numpy(probe)).numpy()
+            assert np.array_equal(got, lookup(m, probe)), (f.name, budget)
