@@ -24,8 +24,10 @@ def model_sizes(config: PlatformConfig) -> dict[str, ModelSize]:
 
 
 def table_rows(feature: SparseFeature, size: ModelSize) -> int:
-    """Rows of `feature`'s table in a model of `size` (as `table_shape` computes them)."""
-    return max(2, int(round(feature.num_embeddings * size.table_scale)))
+    """Rows of `feature`'s table in a model of `size`: the one formula, in lattice.hashing.layout."""
+    from lattice.hashing.layout import budget_rows
+
+    return budget_rows(feature, size)
 
 
 def row_budgets(config: PlatformConfig, feature: SparseFeature) -> list[int]:

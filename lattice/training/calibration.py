@@ -6,10 +6,11 @@ Methods (`training.calibration`):
     pulls (a, b) toward the identity (worth about `PLATT_PRIOR` positives, so a small cell barely
     moves and a large one is fitted by its data); the slope is kept >= `MIN_SLOPE`.
   - `isotonic`: sklearn's pool-adjacent-violators on z gives the blocks; each block's rate is
-    smoothed toward the cell's base rate (one pseudo-example of the rarer class), blocks are pooled
-    again until the rates rise strictly, and the map interpolates linearly between the blocks'
-    mean logits (so within the fitted range no two rows of a cell that the network ranked apart
-    tie). Beyond the first / last block centre it continues with the Platt slope.
+    smoothed toward the cell's base rate (one pseudo-example of the rarer class: an all-negative
+    block never maps to probability 0), blocks are pooled again until the rates rise strictly, and
+    the map is flat across each block and linear across the gaps between blocks (sklearn's
+    interpolation), so each validation row gets its block's rate. Beyond the lowest / highest
+    validation logit it continues with the Platt slope, so the extremes keep their order.
   - `histogram`: the same with equal-mass bins of about `POSITIVES_PER_BIN` positives each in
     place of the isotonic blocks.
 A cell with fewer than `min_positives` validation positives gets Platt (the two-parameter map that
@@ -29,9 +30,9 @@ from lattice.config import PlatformConfig
 from lattice.evaluation.metrics import auc, calibration, expected_calibration_error, ne
 
 METHODS = ("none", "platt", "isotonic", "histogram")
-MAX_KNOTS = 128
-"""Knots per cell at most (adjacent groups are merged by mass beyond it): the artifact's lookup
-reads (batch, knots) values per objective."""
+MAX_KNOTS = 256
+"""Knots per cell at most (two per block; adjacent blocks are merged by mass beyond it): the
+artifact's lookup reads (batch, knots) values per objective."""
 POSITIVES_PER_BIN = 50
 PLATT_PRIOR = 10.0
 MIN_SLOPE = 0.05
@@ -89,20 +90,21 @@ def fit_platt(z: np.ndarray, y: np.ndarray, prior: float = PLATT_PRIOR) -> tuple
     return 1 + alpha, c - alpha * zbar
 
 
-def _groups(pos: np.ndarray, n: np.ndarray, zsum: np.ndarray, pseudo: float, rate: float) -> list[list[float]]:
-    """Consecutive blocks [positives, rows, sum of z] pooled until their smoothed rates
-    (positives + pseudo * rate) / (rows + pseudo) rise strictly (pool-adjacent-violators)."""
+def _groups(pos: np.ndarray, n: np.ndarray, lo: np.ndarray, hi: np.ndarray, pseudo: float, rate: float) -> np.ndarray:
+    """Consecutive blocks (positives, rows, lowest z, highest z) pooled until their smoothed rates
+    (positives + pseudo * rate) / (rows + pseudo) rise strictly (pool-adjacent-violators):
+    (groups, 4)."""
 
     def value(g: list[float]) -> float:
         return (g[0] + pseudo * rate) / (g[1] + pseudo)
 
     out: list[list[float]] = []
-    for p, m, s in zip(pos.tolist(), n.tolist(), zsum.tolist()):
-        out.append([p, m, s])
+    for block in zip(pos.tolist(), n.tolist(), lo.tolist(), hi.tolist()):
+        out.append(list(block))
         while len(out) > 1 and value(out[-2]) >= value(out[-1]):
             last = out.pop()
-            out[-1] = [out[-1][0] + last[0], out[-1][1] + last[1], out[-1][2] + last[2]]
-    return out
+            out[-1] = [out[-1][0] + last[0], out[-1][1] + last[1], out[-1][2], last[3]]
+    return np.array(out, np.float64).reshape(-1, 4)
 
 
 def _block_ids(z_sorted: np.ndarray, y_sorted: np.ndarray, method: str, positives: int) -> np.ndarray:
@@ -112,34 +114,37 @@ def _block_ids(z_sorted: np.ndarray, y_sorted: np.ndarray, method: str, positive
 
         fitted = IsotonicRegression(increasing=True, out_of_bounds="clip").fit_transform(z_sorted, y_sorted)
         return np.concatenate([[0], np.cumsum(np.diff(fitted) != 0)])
-    bins = int(min(MAX_KNOTS, max(2, positives // POSITIVES_PER_BIN)))
+    bins = int(min(MAX_KNOTS // 2, max(2, positives // POSITIVES_PER_BIN)))
     by_rank = np.arange(len(z_sorted)) * bins // len(z_sorted)
     _, first, inverse = np.unique(z_sorted, return_index=True, return_inverse=True)
     return by_rank[first[inverse]]
 
 
 def _nonparametric(z: np.ndarray, y: np.ndarray, method: str, slope: float) -> dict[str, Any] | None:
+    """A block map: flat at each block's smoothed rate from its lowest to its highest validation
+    logit, linear across the gap to the next block (sklearn's isotonic interpolation), so every
+    validation row gets exactly its block's rate."""
     order = np.argsort(z, kind="stable")
     zs, ys = z[order], y[order]
     ids = _block_ids(zs, ys, method, int(ys.sum()))
-    n = np.bincount(ids).astype(np.float64)
-    keep = n > 0
-    pos, zsum, n = np.bincount(ids, ys)[keep], np.bincount(ids, zs)[keep], n[keep]
+    starts = np.flatnonzero(np.concatenate([[True], np.diff(ids) != 0]))
+    ends = np.concatenate([starts[1:], [len(zs)]]) - 1
+    pos, n = np.add.reduceat(ys, starts), (ends - starts + 1).astype(np.float64)
     rate = float(ys.mean())
     pseudo = 1.0 / min(rate, 1 - rate)  # one pseudo-example of the rarer class at the base rate
-    groups = _groups(pos, n, zsum, pseudo, rate)
-    if len(groups) > MAX_KNOTS:  # merge by mass, then restore strict order
-        g = np.array(groups)
-        cut = np.minimum((np.cumsum(g[:, 1]) - g[:, 1] / 2) * MAX_KNOTS // g[:, 1].sum(), MAX_KNOTS - 1).astype(np.int64)
-        g = np.stack([np.bincount(cut, g[:, k]) for k in range(3)], axis=1)
-        groups = _groups(g[:, 0], g[:, 1], g[:, 2], pseudo, rate)
-    if len(groups) < 2:
+    g = _groups(pos, n, zs[starts], zs[ends], pseudo, rate)
+    if len(g) > MAX_KNOTS // 2:  # two knots a group: merge by mass, then restore strict order
+        cut = np.minimum((np.cumsum(g[:, 1]) - g[:, 1] / 2) * (MAX_KNOTS // 2) // g[:, 1].sum(), MAX_KNOTS // 2 - 1)
+        first = np.flatnonzero(np.concatenate([[True], np.diff(cut) != 0]))
+        last = np.concatenate([first[1:], [len(g)]]) - 1
+        g = _groups(np.add.reduceat(g[:, 0], first), np.add.reduceat(g[:, 1], first), g[first, 2], g[last, 3], pseudo, rate)
+    if len(g) < 2:
         return None
-    g = np.array(groups)
-    x = (g[:, 2] / g[:, 1]).astype(np.float32)
-    v = _logit((g[:, 0] + pseudo * rate) / (g[:, 1] + pseudo)).astype(np.float32)
-    strict = np.concatenate([[True], np.diff(x) > 0])  # knots that float32 could not tell apart merge
-    return {"x": x[strict].tolist(), "y": np.maximum.accumulate(v[strict]).tolist(), "lo": slope, "hi": slope}
+    v = _logit((g[:, 0] + pseudo * rate) / (g[:, 1] + pseudo))
+    x = np.stack([g[:, 2], g[:, 3]], axis=1).ravel().astype(np.float32)
+    yv = np.repeat(v, 2).astype(np.float32)
+    strict = np.concatenate([[True], np.diff(x) > 0])  # one-value blocks (and float32 ties) keep one knot
+    return {"x": x[strict].tolist(), "y": np.maximum.accumulate(yv[strict]).tolist(), "lo": slope, "hi": slope}
 
 
 def fit_cell(z: np.ndarray, y: np.ndarray, method: str, min_positives: int = 0) -> dict[str, Any]:
