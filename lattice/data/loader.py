@@ -356,7 +356,10 @@ def fit_dense_stats(config: PlatformConfig, root: Path) -> DenseStats:
                 cnt[o] += float(m.sum())
     stats = acc.finish()
     stats.label_rates = {o: (pos[o] / cnt[o] if cnt[o] else 0.5) for o in objs}
-    stats.distinct_ids = {name: int(len(np.unique(np.concatenate(v)))) if v else 0 for name, v in seen.items()}
+    unique = {name: np.unique(np.concatenate(v)) if v else np.zeros(0, np.int64) for name, v in seen.items()}
+    stats.distinct_ids = {name: int(len(u)) for name, u in unique.items()}
+    rows = {f.name: f.num_embeddings for f in config.features.sparse}
+    stats.merged_ids = {name: int(len(u) - len(np.unique(np.remainder(u, rows[name])))) for name, u in unique.items()}
     return stats
 
 

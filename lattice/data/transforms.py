@@ -77,6 +77,9 @@ class DenseStats:
     distinct_ids: dict[str, int] | None = None  # sparse feature -> distinct ids in the train split
     low: list[float] | None = None  # per column: the train split's 0.1% quantile (after the transform)
     high: list[float] | None = None  # ... and its 99.9% quantile; values are clipped to [low, high]
+    merged_ids: dict[str, int] | None = None
+    """sparse feature -> train-split ids that id mod num_embeddings puts on a row another id already
+    has (exact: small integer ids below the row count never merge, whatever n(n-1)/2R says)."""
 
     def apply(self, raw: dict[str, np.ndarray], n: int) -> np.ndarray:
         """raw column arrays -> (n, n_dense) float32. One vectorised pass over all columns (this
@@ -98,13 +101,14 @@ class DenseStats:
 
     def to_json(self) -> dict:
         return {"columns": [asdict(c) for c in self.columns], "mean": self.mean, "std": self.std, "label_rates": self.label_rates,
-                "distinct_ids": self.distinct_ids, "low": self.low, "high": self.high}
+                "distinct_ids": self.distinct_ids, "low": self.low, "high": self.high, "merged_ids": self.merged_ids}
 
     @classmethod
     def from_json(cls, d: dict) -> "DenseStats":
         cols = [DenseColumn(c["column"], c["transform"], tuple(c["clip"]) if c.get("clip") else None) for c in d["columns"]]
         # stats saved before the bounds existed carry none: no clip, as those models were trained
-        return cls(cols, list(d["mean"]), list(d["std"]), d.get("label_rates"), d.get("distinct_ids"), d.get("low"), d.get("high"))
+        return cls(cols, list(d["mean"]), list(d["std"]), d.get("label_rates"), d.get("distinct_ids"), d.get("low"), d.get("high"),
+                   d.get("merged_ids"))
 
     def save(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)

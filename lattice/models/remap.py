@@ -79,12 +79,13 @@ def make_remap(config: PlatformConfig, feature: SparseFeature, rows: int, fitted
     return _FACTORIES[feature.hashing](config, feature, rows, fitted_map)
 
 
-def table_capacity_notes(config: PlatformConfig, distinct_ids: dict[str, int] | None) -> list[str]:
+def table_capacity_notes(config: PlatformConfig, distinct_ids: dict[str, int] | None,
+                         merged_ids: dict[str, int] | None = None) -> list[str]:
     """One line per 'modulo' feature whose table has fewer rows than the train split has ids: such
     ids share rows (and so embeddings); and per 'modulo' feature with fewer ids than rows whose
     ids still collide in many pairs (`lattice.hashing.collisions`). Learned and QR hashing are
     built for that; 'none' fails on an out-of-range id instead."""
-    from lattice.hashing.collisions import collision_note, expected_colliding_pairs
+    from lattice.hashing.collisions import NOTE_SHARE, collision_note, expected_colliding_pairs
 
     notes = []
     for f in config.features.sparse:
@@ -96,6 +97,13 @@ def table_capacity_notes(config: PlatformConfig, distinct_ids: dict[str, int] | 
                 f"{expected_colliding_pairs(n, f.num_embeddings):,.0f} colliding pairs); to share fewer, raise "
                 f"features.sparse.{f.name}.num_embeddings to {n:,} or more in the config "
                 f"(or train with --set features.sparse.{f.name}.num_embeddings={n}), or use hashing: learned")
+        elif f.hashing == "modulo" and merged_ids is not None and f.name in merged_ids:
+            merged = merged_ids[f.name]  # counted on the real ids: small integer ids never merge
+            if merged >= max(1, NOTE_SHARE * n):
+                notes.append(
+                    f"sparse feature {f.name!r}: {merged:,} of its {n:,} distinct train-split ids share a row with another "
+                    f"id under modulo {f.num_embeddings:,}, so they train one shared embedding; the ids fit the budget: "
+                    f"`hashing: vocab` (features.sparse.{f.name}.hashing, then `lattice hashing fit CONFIG`) gives each its own row")
         elif (note := collision_note(f, n, f.num_embeddings)) is not None:
             notes.append(note)  # fewer ids than rows, yet hashing still merges many of them
     return notes

@@ -119,7 +119,7 @@ class Trainer:
         if self.rank == 0:
             print(f"[lattice] sharding plan ({self.world} rank(s)):\n{self.plan}", flush=True)
             if self.kind != "student":  # the student's tables are scaled down on purpose (table_scale)
-                for note in table_capacity_notes(self.config, self.stats.distinct_ids):
+                for note in table_capacity_notes(self.config, self.stats.distinct_ids, self.stats.merged_ids):
                     print(f"[lattice] note: {note}", flush=True)
             (self.dir / "plan.json").write_text(json.dumps(self.plan_json, indent=1))
         self.model = D.wrap(model, self.plan)

@@ -73,6 +73,16 @@ def test_capacity_notes_name_modulo_tables_smaller_than_their_id_count(demo) -> 
     assert f"--set features.sparse.user_id.num_embeddings={3 * rows['user_id']}" in note
 
 
+def test_capacity_notes_use_exact_merges_when_the_ids_are_known(demo) -> None:
+    rows = {f.name: f.num_embeddings for f in demo.features.sparse}
+    n = rows["ad_id"] // 2  # n(n-1)/2R estimates thousands of colliding pairs at half the rows
+    assert any("'ad_id'" in x for x in table_capacity_notes(demo, {"ad_id": n}))
+    # ids 0..n-1 below the row count: id mod rows merges none of them, and the exact count says so
+    assert table_capacity_notes(demo, {"ad_id": n}, {"ad_id": 0}) == []
+    (note,) = table_capacity_notes(demo, {"ad_id": n}, {"ad_id": n // 10})
+    assert f"{n // 10:,} of its {n:,} distinct" in note and "hashing: vocab" in note
+
+
 def test_chained_logit_is_the_product_of_probabilities_and_stays_finite() -> None:
     from lattice.models.chain import chained_logit
 
