@@ -520,10 +520,11 @@ class Training(Strict):
     """Post-hoc calibration stage, fitted per (domain, objective) cell on the validation split after
     training and saved in the model, so evaluation, distillation scores, the exported artifact and
     serving all output calibrated probabilities: `platt` (logistic regression on the logit, pulled
-    toward the identity by a prior worth ~30 positives; keeps every ranking), `isotonic`
-    (pool-adjacent-violators, flat within blocks), `histogram` (equal-mass bins of ~50 positives
-    made monotone), `none`. Every map is monotone; cells under `calibration_min_positives` get
-    Platt. Platt is the default: the best test NE on every sample measured, and no ties."""
+    toward the identity by priors worth ~30 positives on the slope, ~10 on the level; keeps every
+    ranking), `isotonic` (pool-adjacent-violators, flat within blocks), `histogram` (equal-mass
+    bins of ~50 positives made monotone), `none`. Every map is monotone; cells under
+    `calibration_min_positives` get Platt. Platt is the default: the best test NE on every sample
+    measured (bench/README.md), and no ties between rows the network ranked apart."""
     calibration_min_positives: int = Field(default=200, ge=0)
     """Validation positives a cell needs for the isotonic or histogram map; below it the cell gets
     the two-parameter Platt map (a cell with no positives or no negatives keeps the identity)."""

@@ -2,9 +2,10 @@
 map logit -> logit per (domain, objective) cell, and measure its effect per cell.
 
 Methods (`training.calibration`):
-  - `platt`: s = a z + b by logistic regression on the raw logit z, with a Gaussian prior that
-    pulls (a, b) toward the identity (worth about `PLATT_PRIOR` positives, so a small cell barely
-    moves and a large one is fitted by its data); the slope is kept >= `MIN_SLOPE`.
+  - `platt`: s = a z + b by logistic regression on the raw logit z, with Gaussian priors that
+    pull the slope and the level toward the identity (worth about `PLATT_PRIOR` and
+    `PLATT_LEVEL_PRIOR` positives, so a small cell barely moves and a large one is fitted by its
+    data); the slope is kept >= `MIN_SLOPE`.
   - `isotonic`: sklearn's pool-adjacent-violators on z gives the blocks; each block's rate is
     smoothed toward the cell's base rate (one pseudo-example of the rarer class: an all-negative
     block never maps to probability 0), blocks are pooled again until the rates rise strictly, one
@@ -35,10 +36,14 @@ MAX_KNOTS = 256
 artifact's lookup reads (batch, knots) values per objective."""
 POSITIVES_PER_BIN = 50
 PLATT_PRIOR = 30.0
-"""Prior weight of the identity in Platt's fit, in about positives: measured on the synthetic 1M,
-demo 150k, Taobao and Avazu samples (bench/calibration_methods.py), 30 gave the best test NE of
-1 / 3 / 10 / 30 on the small sets and the same on 1M rows, while cells of 200+ validation
-positives still end within 2% of calibrated on validation (100 left 5%)."""
+"""Prior weight pulling Platt's slope toward 1 (about that many positives' worth)."""
+PLATT_LEVEL_PRIOR = 10.0
+"""Prior weight pulling Platt's level (the shift at the cell's mean logit) toward 0. The pull on
+the validation total is this weight times the shift, so it also bounds how far a large cell stays
+from calibrated. Both were measured on the synthetic 1M, demo 150k, Taobao and Avazu samples
+(bench/calibration_methods.py, test NE): slope 30 / level 10 is within 0.0008 of the best pair
+tried on every set (0 / 3 / 10 / 30 each) and leaves cells of 200+ validation positives within
+0.7% of calibrated on validation; level 30 gains up to 0.0008 NE on the small sets but leaves 2%."""
 MIN_SLOPE = 0.05
 RATE_EPS = 1e-6
 
@@ -52,11 +57,13 @@ def _sigmoid(s: np.ndarray) -> np.ndarray:
     return 0.5 * (1 + np.tanh(0.5 * s))  # no overflow warnings at large |s|
 
 
-def fit_platt(z: np.ndarray, y: np.ndarray, prior: float | None = None) -> tuple[float, float]:
+def fit_platt(z: np.ndarray, y: np.ndarray, prior: float | None = None, level_prior: float | None = None) -> tuple[float, float]:
     """(slope, intercept) of s = slope * z + intercept: penalised logistic regression (Newton's
-    method) in the centred form s = z + alpha (z - mean z) + c, prior (alpha^2 + c^2) * prior / 2
-    (default `PLATT_PRIOR`)."""
+    method) in the centred form s = z + alpha (z - mean z) + c, with penalty
+    (prior alpha^2 + level_prior c^2) / 2 (defaults `PLATT_PRIOR`, `PLATT_LEVEL_PRIOR`)."""
     prior = PLATT_PRIOR if prior is None else prior
+    level_prior = PLATT_LEVEL_PRIOR if level_prior is None else level_prior
+    weights = np.array([prior, level_prior])
     z, y = np.asarray(z, np.float64), np.asarray(y, np.float64)
     zbar = float(z.mean())
     u = z - zbar
@@ -64,14 +71,14 @@ def fit_platt(z: np.ndarray, y: np.ndarray, prior: float | None = None) -> tuple
 
     def loss(t: np.ndarray) -> float:
         s = z + t[0] * u + t[1]
-        return float(np.sum(np.logaddexp(0.0, s) - y * s) + 0.5 * prior * (t @ t))
+        return float(np.sum(np.logaddexp(0.0, s) - y * s) + 0.5 * float(weights @ (t * t)))
 
     current = loss(theta)
     for _ in range(100):
         p = _sigmoid(z + theta[0] * u + theta[1])
         w = p * (1 - p)
-        g = np.array([np.sum((p - y) * u), np.sum(p - y)]) + prior * theta
-        h = np.array([[np.sum(w * u * u), np.sum(w * u)], [np.sum(w * u), np.sum(w)]]) + prior * np.eye(2)
+        g = np.array([np.sum((p - y) * u), np.sum(p - y)]) + weights * theta
+        h = np.array([[np.sum(w * u * u), np.sum(w * u)], [np.sum(w * u), np.sum(w)]]) + np.diag(weights)
         step = np.linalg.solve(h, g)
         scale = 1.0
         while scale > 1e-6:  # damped: the loss is convex, but a full step can overshoot far out
@@ -89,7 +96,7 @@ def fit_platt(z: np.ndarray, y: np.ndarray, prior: float | None = None) -> tuple
         base = z + alpha * u
         for _ in range(100):
             p = _sigmoid(base + c)
-            step = (np.sum(p - y) + prior * c) / (np.sum(p * (1 - p)) + prior)
+            step = (np.sum(p - y) + level_prior * c) / (np.sum(p * (1 - p)) + level_prior)
             c -= step
             if abs(step) < 1e-10:
                 break

@@ -4,6 +4,7 @@ map to the same logits."""
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
@@ -118,7 +119,7 @@ def test_eager_model_and_scripted_artifact_give_identical_calibrated_outputs(dem
         assert torch.equal(served[o], eager[o]), o
         assert not torch.allclose(eager[o], raw[o])  # the stage really acts
     # the map travels inside the artifact: saved and loaded, it still answers the same
-    buf = __import__("io").BytesIO()
+    buf = io.BytesIO()
     torch.jit.save(scripted, buf)
     buf.seek(0)
     loaded = torch.jit.load(buf)
