@@ -137,6 +137,8 @@ def main() -> None:
     p.add_argument("--variants", default="fp32,fp8,naive," + ",".join(f"{m},{m}+fp8" for m in MODS))
     p.add_argument("--repeats", type=int, default=5, help="interleaved rounds of the probe-overhead timing")
     p.add_argument("--workdir", default=str(ROOT / ".lattice" / "bench_fp8"))
+    p.add_argument("--reuse", action="store_true",
+                   help="keep the figures of variants a previous run of the same rows and epochs finished")
     args = p.parse_args()
     print(f"machine: {platform.machine()}, {os.cpu_count()} cpus, python {platform.python_version()}, "
           f"load avg {os.getloadavg()[0]:.1f}", flush=True)
@@ -144,9 +146,18 @@ def main() -> None:
     names = args.variants.split(",")
     if "fp32" not in names:
         names.insert(0, "fp32")
+    # figures are written after every variant, so a long run that is stopped keeps what it finished
+    partial = Path(args.workdir) / f"rows{args.rows}" / f"results_epochs{args.epochs}.json"
+    done = json.loads(partial.read_text()) if args.reuse and partial.exists() else {}
     results = {}
     for name, (sets, naive) in variants(names).items():
-        r = results[name] = train_variant(config, paths, name, sets, naive, args.epochs)
+        if name in done:
+            r = results[name] = done[name]
+            print(f"{name}: kept from {partial}", flush=True)
+        else:
+            r = results[name] = train_variant(config, paths, name, sets, naive, args.epochs)
+            done[name] = r
+            partial.write_text(json.dumps(done, indent=2))
         print(f"{name}: {r['seconds']:.0f}s, best epoch {r['best_epoch']}, macro NE "
               + ", ".join(f"{o} {v:.4f}" for o, v in r["macro"].items())
               + (f"; {r['fp8_sites']}/{r['sites']} sites in FP8 ({r['fp8_flops_share']:.0%} of GEMM FLOPs)" if r["sites"] else ""),
