@@ -6,8 +6,9 @@ probe's overhead on the training step.
     nice .venv/bin/python bench/bench_fp8.py --rows 1000000
     nice .venv/bin/python bench/bench_fp8.py --rows 200000 --variants fp32,fp8,naive
 
-Every variant trains on the same synthetic table, split, seed and epochs, in one run; the FP32
-teacher is the baseline of every ratio. On CPU FP8 is emulated (real float8 operands, no speed-up),
+Every variant trains on the same synthetic table, split, seed and epochs, in one run (but `seed<N>`:
+FP32 at seed N, the run-to-run noise any change sits in); the FP32 teacher is the baseline of every
+ratio. On CPU FP8 is emulated (real float8 operands, no speed-up),
 so this measures quality; GPU speed is for a device run. Prints figures; asserts nothing.
 """
 
@@ -39,10 +40,12 @@ def variants(names: list[str]) -> dict[str, tuple[list[str], bool]]:
             out[name] = (["fp8.enabled=true"], False)
         elif name == "naive":
             out[name] = (["fp8.enabled=true"], True)
+        elif name.startswith("seed"):  # FP32 at another seed: the run-to-run noise the FP8 changes sit in
+            out[name] = ([f"training.seed={int(name[4:])}"], False)
         else:  # <mod> or <mod>+fp8
             mod, _, fp8 = name.partition("+")
             if mod not in MODS:
-                raise SystemExit(f"unknown variant {name!r}: use fp32, fp8, naive, or a mod {sorted(MODS)} optionally +fp8")
+                raise SystemExit(f"unknown variant {name!r}: use fp32, fp8, naive, seed<N>, or a mod {sorted(MODS)} optionally +fp8")
             key, value = MODS[mod].split("=")
             sets = [f"models.teacher.{key}={value}"] + (["fp8.enabled=true"] if fp8 else [])
             out[name] = (sets, False)

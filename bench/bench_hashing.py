@@ -134,8 +134,16 @@ def bench_dataset(name: str, args) -> dict:
     results: dict[str, dict] = {}
     runs = [("full", variant(config, distinct, "vocab", 1, args.min_ids))]
     runs += [(f"{s}@{r}x", variant(config, distinct, s, r, args.min_ids)) for r in args.ratios for s in args.schemes]
+    # figures are written after every run, so a long bench that is stopped keeps what it finished
+    partial = paths.workdir / f"bench_hashing_{args.model}_epochs{args.epochs}.json"
+    done = json.loads(partial.read_text()) if args.reuse and partial.exists() else {}
     for tag, cfg in runs:
-        r = results[tag] = run_one(cfg, paths, args.model, tag.replace("@", "_"), args.epochs)
+        if tag in done:
+            results[tag] = done[tag]
+            print(f"[{name}] {tag}: kept from {partial}", flush=True)
+            continue
+        r = results[tag] = done[tag] = run_one(cfg, paths, args.model, tag.replace("@", "_"), args.epochs)
+        partial.write_text(json.dumps(done, indent=2, default=float))
         print(f"[{name}] {tag:<12} NE {r['macro']:.4f}  embeddings {r['embedding_bytes'] / 2**20:8.2f} MiB  "
               f"lookup {r['lookup_bytes'] / 2**20:6.2f} MiB  artifact {r['artifact_mb']:7.2f} MB  "
               f"fit {r['fit_seconds']:5.1f}s  train {r['train_seconds']:5.0f}s", flush=True)
@@ -174,12 +182,16 @@ def main() -> None:
     p.add_argument("--ratios", type=lambda s: [int(x) for x in s.split(",")], default=list(RATIOS))
     p.add_argument("--min-ids", type=int, default=256, help="compress the features with at least this many distinct ids")
     p.add_argument("--workdir", default=str(ROOT / ".lattice" / "bench_hashing"))
+    p.add_argument("--reuse", action="store_true", help="keep the runs a previous bench of the same model and epochs finished")
     args = p.parse_args()
     print(f"machine: {platform.machine()}, {os.cpu_count()} cpus, python {platform.python_version()}, "
           f"load avg {os.getloadavg()[0]:.1f}", flush=True)
-    out = {name: bench_dataset(name, args) for name in args.datasets.split(",")}
     dest = ROOT / ".lattice" / "bench" / "bench_hashing.json"
-    dest.write_text(json.dumps(out, indent=2, default=float))
+    # the figures of datasets not in this run stay as they were
+    out = json.loads(dest.read_text()) if dest.exists() else {}
+    for name in args.datasets.split(","):
+        out[name] = bench_dataset(name, args)
+        dest.write_text(json.dumps(out, indent=2, default=float))
     print(f"figures written to {dest}")
 
 

@@ -40,3 +40,25 @@ def spark():
     session = get_spark("local[2]", app_name="lattice-tests", shuffle_partitions=2)
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="session")
+def tiny_demo(tmp_path_factory):
+    """Factory of tiny synthetic demo tables: `tiny_demo(name, rows, **table_options)` generates the
+    demo config's logs at `rows` rows (the tiny model sizes, batches of 256), writes the local
+    training table and returns (config, paths)."""
+    from lattice.config import load_config
+    from lattice.data.local_table import write_local_table
+    from lattice.data.synth import generate
+    from lattice.paths import Paths
+    from lattice.training.tiny import tiny
+
+    def make(name: str, rows: int, **table_options):
+        base = tmp_path_factory.mktemp(name)
+        cfg = tiny(load_config(ROOT / "configs" / "demo.yaml"), data_root=str(base / "raw"), batch_size=256)
+        generate(cfg, rows, base / "raw", progress=False)
+        paths = Paths.for_config(cfg, base / "work")
+        write_local_table(cfg, paths, **table_options)
+        return cfg, paths
+
+    return make

@@ -5,15 +5,13 @@ from __future__ import annotations
 import argparse
 import json
 
-from lattice.cli.common import add_set_argument, load_or_exit
+from lattice.cli.common import add_set_argument, config_and_paths
 
 
 def _distill(args: argparse.Namespace) -> int:
     from lattice.distill.stages import distill
-    from lattice.paths import Paths
 
-    config = load_or_exit(args.config, args.overrides)
-    paths = Paths.for_config(config, args.workdir).ensure()
+    config, paths = config_and_paths(args, ensure=True)
     summary = distill(config, paths, nproc=args.nproc, epochs=args.epochs)
     print(json.dumps(summary, indent=2, default=str))
     return 0

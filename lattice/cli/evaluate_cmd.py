@@ -6,17 +6,15 @@ import argparse
 import json
 import sys
 
-from lattice.cli.common import add_set_argument, load_or_exit
+from lattice.cli.common import add_set_argument, config_and_paths
 
 
 def _evaluate(args: argparse.Namespace) -> int:
     from lattice.cli.train_cmd import summary_table
     from lattice.evaluation.stages import evaluate
     from lattice.models.build import baseline_names
-    from lattice.paths import Paths
 
-    config = load_or_exit(args.config, args.overrides)
-    paths = Paths.for_config(config, args.workdir)
+    config, paths = config_and_paths(args)
     names: list[str] = []
     for m in args.model or ["all"]:
         if m == "all":

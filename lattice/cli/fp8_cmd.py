@@ -11,7 +11,7 @@ import argparse
 import json
 import sys
 
-from lattice.cli.common import add_set_argument, load_or_exit
+from lattice.cli.common import add_set_argument, config_and_paths
 
 
 def _plan(args: argparse.Namespace) -> int:
@@ -19,10 +19,8 @@ def _plan(args: argparse.Namespace) -> int:
 
     from lattice.fp8.dispatch import load_probe_state, make_plan, plan_table
     from lattice.models.saved import load_saved
-    from lattice.paths import Paths
 
-    config = load_or_exit(args.config, args.overrides)
-    paths = Paths.for_config(config, args.workdir)
+    config, paths = config_and_paths(args)
     try:
         saved = load_saved(paths.model_dir(args.model))
     except FileNotFoundError as exc:

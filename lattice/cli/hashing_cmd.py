@@ -9,7 +9,7 @@ import sys
 import time
 from typing import Any
 
-from lattice.cli.common import add_set_argument, load_or_exit
+from lattice.cli.common import add_set_argument, config_and_paths
 
 
 def fit_line(feature: str, budget: int, m: dict[str, Any]) -> str:
@@ -21,10 +21,8 @@ def fit_line(feature: str, budget: int, m: dict[str, Any]) -> str:
 def _fit(args: argparse.Namespace) -> int:
     from lattice.data.loader import NoTrainingData
     from lattice.hashing.budgets import needs_fit
-    from lattice.paths import Paths
 
-    config = load_or_exit(args.config, args.overrides)
-    paths = Paths.for_config(config, args.workdir)
+    config, paths = config_and_paths(args)
     if not needs_fit(config):
         print(f"hashing: no sparse feature of {config.name} uses vocab, mixed or learned hashing; nothing to fit")
         return 0

@@ -6,16 +6,14 @@ import argparse
 import json
 import sys
 
-from lattice.cli.common import add_set_argument, load_or_exit
+from lattice.cli.common import add_set_argument, config_and_paths
 
 
 def _predict(args: argparse.Namespace) -> int:
-    from lattice.paths import Paths
     from lattice.scoring.batch import predict_file
     from pipelines.score_input import InputError
 
-    config = load_or_exit(args.config, args.overrides)
-    paths = Paths.for_config(config, args.workdir)
+    config, paths = config_and_paths(args)
     try:
         out = predict_file(config, paths, args.input, args.output, args.model, args.source)
     except (InputError, LookupError, FileNotFoundError) as exc:

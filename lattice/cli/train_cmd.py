@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from lattice.cli.common import add_set_argument, load_or_exit
+from lattice.cli.common import add_set_argument, config_and_paths
 
 CHOICES = ["teacher", "student", "separate", "pooled", "mmoe", "shared_bottom", "gbdt", "gbdt_cell", "all-baselines"]
 
@@ -39,11 +39,9 @@ def _train(args: argparse.Namespace) -> int:
 
     from lattice.data.loader import NoTrainingData
     from lattice.models.build import baseline_names
-    from lattice.paths import Paths
     from lattice.training.stages import train
 
-    config = load_or_exit(args.config, args.overrides)
-    paths = Paths.for_config(config, args.workdir)
+    config, paths = config_and_paths(args)
     models = baseline_names(config) if args.model == "all-baselines" else [args.model]
     results = {}
     for name in models:

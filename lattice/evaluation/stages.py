@@ -21,10 +21,7 @@ def load_model(config: PlatformConfig, paths: Paths, model_name: str) -> nn.Modu
 A model saved with a calibration stage outputs calibrated logits (lattice.models.calibrated)."""
     from lattice.models.saved import load_saved
 
-    path = paths.model_dir(model_name) / "model.pt"
-    if not path.exists():
-        raise FileNotFoundError(f"no trained model at {path}; train it with `lattice train CONFIG --model {model_name.split('@')[0]}`")
-    return load_saved(path.parent).model
+    return load_saved(paths.model_dir(model_name)).model  # a missing or tree model: FileNotFoundError saying why
 
 
 @torch.no_grad()

@@ -100,50 +100,60 @@ def _float8_weight(weight: torch.Tensor, recipe: str) -> Tuple[nn.Parameter, nn.
     return nn.Parameter(w8.contiguous(), requires_grad=False), nn.Parameter(scale.contiguous(), requires_grad=False)
 
 
-class Fp8ServingLinear(nn.Module):
-    """Inference form of an FP8 `Linear` site: (..., K) -> (..., N)."""
+class _ServingSite(nn.Module):
+    """What every FP8 serving form keeps of its site: the recipe, the name and the GEMM's K."""
 
-    def __init__(self, site: Linear):
+    def __init__(self, site: GemmSite, k: int):
         super().__init__()
         self.recipe: str = str(site.recipe)
         self.site_name: str = site.site_name
-        self.k, self.n = site.in_features, site.out_features
-        self.weight8, self.weight_scale = _float8_weight(site.weight, self.recipe)  # (N, K) float8, scales
+        self.k = k
+
+
+class _WeightedServingSite(_ServingSite):
+    """A site with a trained (N, K) weight, stored in float8 with its scales."""
+
+    def __init__(self, site: GemmSite, weight: torch.Tensor):
+        super().__init__(site, weight.shape[1])
+        self.n = weight.shape[0]
+        self.weight8, self.weight_scale = _float8_weight(weight, self.recipe)  # (N, K) float8, scales
+
+    def _matmul(self, a: torch.Tensor) -> torch.Tensor:  # (M, K) -> (M, N)
+        return fake_quantize(a, self.recipe, self.k) @ dequantize_weight(self.weight8, self.weight_scale, self.recipe, self.k).t()
+
+
+class Fp8ServingLinear(_WeightedServingSite):
+    """Inference form of an FP8 `Linear` site: (..., K) -> (..., N)."""
+
+    def __init__(self, site: Linear):
+        super().__init__(site, site.weight)
         self.bias: Optional[nn.Parameter] = (nn.Parameter(site.bias.detach().clone(), requires_grad=False)
                                              if site.bias is not None else None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        a = fake_quantize(x.reshape(-1, self.k), self.recipe, self.k)  # (M, K)
-        out = a @ dequantize_weight(self.weight8, self.weight_scale, self.recipe, self.k).t()  # (M, N)
+        out = self._matmul(x.reshape(-1, self.k))  # (M, N)
         if self.bias is not None:
             out = out + self.bias
         return out.unflatten(0, x.shape[:-1])  # (..., N)
 
 
-class Fp8ServingTokenMix(nn.Module):
+class Fp8ServingTokenMix(_WeightedServingSite):
     """Inference form of an FP8 `TokenMix` site: (B, N_in, D) -> (B, N_out, D)."""
 
     def __init__(self, site: TokenMix):
-        super().__init__()
-        self.recipe: str = str(site.recipe)
-        self.site_name: str = site.site_name
-        self.k, self.n = site.n_in, site.n_out
-        self.weight8, self.weight_scale = _float8_weight(site.weight.t(), self.recipe)  # (N_out, N_in)
+        super().__init__(site, site.weight.t())  # (N_out, N_in)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        a = fake_quantize(x.transpose(1, 2).reshape(-1, self.k), self.recipe, self.k)  # (B·D, N_in)
-        out = a @ dequantize_weight(self.weight8, self.weight_scale, self.recipe, self.k).t()  # (B·D, N_out)
+        out = self._matmul(x.transpose(1, 2).reshape(-1, self.k))  # (B·D, N_out)
         return out.reshape(x.size(0), -1, self.n).transpose(1, 2)  # (B, N_out, D)
 
 
-class Fp8ServingPairMatmul(nn.Module):
+class Fp8ServingPairMatmul(_ServingSite):
     """Inference form of an FP8 `PairMatmul` site: both operands are quantised at run time."""
 
     def __init__(self, site: PairMatmul):
-        super().__init__()
-        self.recipe: str = str(site.recipe)
-        self.site_name: str = site.site_name
-        self.k, self.batched = site.k, site.batched
+        super().__init__(site, site.k)
+        self.batched = site.batched
 
     def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         # both quantised as their 2-D GEMM operands (rows, K), as the training-time site does

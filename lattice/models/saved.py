@@ -62,6 +62,11 @@ def read_blob(model_dir: Path) -> tuple[dict, Path]:
     path = Path(model_dir) / "model.pt"
     if not path.exists():
         name = Path(model_dir).name
+        if (Path(model_dir) / "boosters").is_dir():
+            # LightGBM baselines are evaluated and compared, not scored, exported or served
+            raise FileNotFoundError(f"{name} is a gradient-boosted-trees baseline (LightGBM boosters in {model_dir}): it is "
+                                    f"trained and evaluated for comparison only; predict, export, distill and serve take a "
+                                    f"network (teacher, student or a neural baseline)")
         raise FileNotFoundError(f"no trained model at {path}; train it first (`lattice train CONFIG --model {name.split('@')[0]}`)")
     return torch.load(path, map_location="cpu", weights_only=False), path
 

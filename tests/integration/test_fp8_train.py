@@ -5,21 +5,15 @@ that rebuilds the model; `fp8.enabled: false` leaves training bit-equal to the F
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from lattice.config import load_config
-from lattice.data.local_table import write_local_table
-from lattice.data.synth import generate
 from lattice.models.saved import load_saved
 from lattice.paths import Paths
 from lattice.training.stages import train
-from lattice.training.tiny import tiny
 
-ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
 
 
@@ -28,13 +22,8 @@ def _with_fp8(cfg, **fp8):
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory):
-    base = tmp_path_factory.mktemp("fp8")
-    cfg = tiny(load_config(ROOT / "configs" / "demo.yaml"), data_root=str(base / "raw"), batch_size=256)
-    generate(cfg, 5_000, base / "raw", progress=False)
-    paths = Paths.for_config(cfg, base / "work")
-    write_local_table(cfg, paths)
-    return cfg, paths
+def setup(tiny_demo):
+    return tiny_demo("fp8", 5_000)
 
 
 def _weights(paths: Paths, name: str) -> dict[str, torch.Tensor]:

@@ -5,31 +5,20 @@ example_id feed the student's training."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pandas as pd
 import pytest
 import torch
 
-from lattice.config import load_config
-from lattice.data.local_table import write_local_table
-from lattice.data.synth import generate
 from lattice.paths import Paths
 from lattice.training.stages import score, train
-from lattice.training.tiny import tiny
 
-ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory):
-    base = tmp_path_factory.mktemp("resume")
-    cfg = tiny(load_config(ROOT / "configs" / "demo.yaml"), data_root=str(base / "raw"), batch_size=256)
-    generate(cfg, 6_000, base / "raw", progress=False)
-    paths = Paths.for_config(cfg, base / "work")
-    write_local_table(cfg, paths)
-    return cfg, paths
+def setup(tiny_demo):
+    return tiny_demo("resume", 6_000)
 
 
 def _weights(paths: Paths, name: str) -> dict[str, torch.Tensor]:

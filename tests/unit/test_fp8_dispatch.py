@@ -21,14 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 RECIPES = ["e4m3_tensor", "e4m3_row", "mx_block32"]
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """These tensors are tiny: one thread is faster, and a second OpenMP thread stalls whenever
-    the other core is busy."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 class FakeLinear(nn.Module):

@@ -15,14 +15,7 @@ from lattice.fp8.gemm import fp8_bmm, fp8_forward, fp8_linear, fp8_mm, qmm
 from lattice.fp8.recipes import E4M3_MAX, E5M2_MAX, FORWARD_RECIPES, UNIT_ROUNDOFF, dequantize, fake_quantize, quantize
 from lattice.fp8.stats import RunningMoments, SiteProbe
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """These tensors are tiny: one thread is faster, and a second OpenMP thread stalls whenever
-    the other core is busy."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # smallest subnormal spacing of each element format: a value that lands in the subnormal range

@@ -221,3 +221,13 @@ def test_a_row_cap_samples_the_train_split_only_and_the_trees_refuse_torch_optio
     assert np.array_equal(rows, _fit_rows(split, 20, seed=0)) and _fit_rows(split, None, 0).sum() == 50
     with pytest.raises(ValueError, match="no teacher scores and no --resume"):
         train(cfg, paths, model="gbdt", resume=True)
+
+
+def test_serving_paths_refuse_a_tree_model_saying_why(trained) -> None:
+    from lattice.evaluation.stages import load_model
+
+    cfg, paths = trained
+    with pytest.raises(FileNotFoundError, match="gradient-boosted-trees baseline"):
+        load_model(cfg, paths, "gbdt")
+    with pytest.raises(FileNotFoundError, match="train it first"):
+        load_model(cfg, paths, "student")  # never trained here

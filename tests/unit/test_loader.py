@@ -11,22 +11,15 @@ import pytest
 
 from lattice.config import load_config
 from lattice.data.loader import BatchLoader, NoTrainingData, find_table, fit_dense_stats
-from lattice.data.local_table import write_local_table
 from lattice.data.split import split_mask
-from lattice.data.synth import generate
 from lattice.paths import Paths
-from lattice.training.tiny import tiny
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def table(tmp_path_factory):
-    base = tmp_path_factory.mktemp("loader")
-    cfg = tiny(load_config(ROOT / "configs" / "demo.yaml"), data_root=str(base / "raw"), batch_size=256)
-    generate(cfg, 6_000, base / "raw", progress=False)
-    paths = Paths.for_config(cfg, base / "work")
-    write_local_table(cfg, paths, row_group_size=700)  # several row groups per file: many units
+def table(tiny_demo):
+    cfg, paths = tiny_demo("loader", 6_000, row_group_size=700)  # several row groups per file: many units
     root = find_table(paths)
     return cfg, paths, root, fit_dense_stats(cfg, root)
 
