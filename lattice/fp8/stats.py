@@ -22,6 +22,44 @@ DIAG_ABOVE_K = 2048
 K = 2048 and its per-batch update O(N K^2))."""
 
 
+_SHARED: list[tuple[tuple, torch.Tensor, tuple]] = []
+"""The moments of the last few inputs seen (least recently used dropped), with the input they
+came from: sites that read the same tensor (the demo teacher's four experts and two gates all read
+the flattened tokens, K = 520) compute its K x K comoment once. The input is held, so its storage
+(and data_ptr) cannot be reused while it is a key; `_version` changes on any in-place write."""
+_SHARED_SIZE = 8
+
+
+def _batch_moments(x: torch.Tensor, diagonal: bool) -> tuple[int, int, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(non-finite rows skipped, rows, mean (K,), comoment (K, K) or (K,), absmax (K,)) of a batch
+    (N, K), in float64 on the CPU; computed where x lives."""
+    key = (x.data_ptr(), tuple(x.shape), tuple(x.stride()), x.dtype, x.device, x._version, diagonal)
+    for i, (k, _, moments) in enumerate(_SHARED):
+        if k == key:
+            _SHARED.insert(0, _SHARED.pop(i))  # least recently used goes first
+            return moments
+    # the batch's own centred comoment is exact enough in float32 (it is centred first) and
+    # twice as fast as float64 (float64 input stays float64); the merge across batches is float64
+    xf = x if x.dtype == torch.float64 else x.to(torch.float32)
+    finite = torch.isfinite(xf).all(dim=1)  # (N,)
+    n_bad = 0
+    if not bool(finite.all()):
+        n_bad = int((~finite).sum())
+        xf = xf[finite]
+    n_b = xf.shape[0]
+    if n_b == 0:
+        moments = (n_bad, 0, torch.zeros(0), torch.zeros(0), torch.zeros(0))
+    else:
+        mean_b = xf.mean(dim=0)  # (K,)
+        xc = xf - mean_b  # (N, K)
+        m2_b = (xc * xc).sum(dim=0) if diagonal else xc.t() @ xc  # (K,) or (K, K)
+        # only K + K^2 numbers come to the CPU
+        moments = (n_bad, n_b, mean_b.to(torch.float64).cpu(), m2_b.to(torch.float64).cpu(), xf.abs().amax(dim=0).double().cpu())
+    _SHARED.insert(0, (key, x, moments))
+    del _SHARED[_SHARED_SIZE:]
+    return moments
+
+
 class RunningMoments:
     """Running count, mean, covariance and absmax of the rows of (N, K) inputs.
 
@@ -74,22 +112,12 @@ class RunningMoments:
         # the batch's moments are computed where x lives; only K + K^2 numbers come to the CPU.
         # The batch's own centred comoment is exact enough in float32 (it is centred first) and
         # twice as fast as float64 (float64 input stays float64); the merge across batches is float64.
-        x = x.detach()
-        x = x if x.dtype == torch.float64 else x.to(torch.float32)
-        finite = torch.isfinite(x).all(dim=1)  # (N,)
-        if not bool(finite.all()):
-            self.n_nonfinite += int((~finite).sum())
-            x = x[finite]
-        n_b = x.shape[0]
+        n_bad, n_b, mean_b, m2_b, absmax_b = _batch_moments(x.detach(), self.diagonal)
+        self.n_nonfinite += n_bad
         if n_b == 0:
             return
-        mean_b = x.mean(dim=0)  # (K,)
-        xc = x - mean_b  # (N, K)
-        m2_b = ((xc * xc).sum(dim=0) if self.diagonal else xc.t() @ xc).to(torch.float64)  # (K,) or (K, K)
-        mean_b = mean_b.to(torch.float64)
-        self.count, self.mean, self.m2 = self._chan(self.count, self.mean, self.m2, n_b, mean_b.cpu(), m2_b.cpu(),
-                                                    self.diagonal)
-        self.absmax = torch.maximum(self.absmax, x.abs().amax(dim=0).cpu())
+        self.count, self.mean, self.m2 = self._chan(self.count, self.mean, self.m2, n_b, mean_b, m2_b, self.diagonal)
+        self.absmax = torch.maximum(self.absmax, absmax_b)
 
     def merge(self, other: "RunningMoments") -> None:
         """Fold another instance's moments (disjoint data, e.g. another rank's) into this one."""

@@ -375,3 +375,31 @@ def test_backward_errors_are_finite_and_near_the_format_precision() -> None:
     assert set(e5) == {"grad_a", "grad_b"}
     assert all(0 < v < 0.12 for v in e5.values()) and all(0 < v < 0.08 for v in bf.values())
     assert e5["grad_a"] > bf["grad_a"]  # e5m2 loses a mantissa bit on top of the operands' error
+
+
+def test_sites_reading_one_tensor_share_its_batch_moments_and_match_unshared(monkeypatch) -> None:
+
+    torch.manual_seed(0)
+    x = torch.randn(300, 24) * 3 + 1
+    calls = []
+    real_t = torch.Tensor.t
+
+    def counted_t(self):
+        calls.append(tuple(self.shape))
+        return real_t(self)
+
+    monkeypatch.setattr(torch.Tensor, "t", counted_t)
+    shared = [RunningMoments(24) for _ in range(3)]
+    for m in shared:
+        m.update(x)
+    assert len(calls) == 1  # one K x K comoment for the three sites
+    x.mul_(2.0)  # an in-place write: a new batch, not the cached one
+    shared[0].update(x)
+    assert len(calls) == 2
+    monkeypatch.undo()
+    alone = RunningMoments(24)
+    alone.update(x / 2.0)
+    for m in shared[1:]:
+        assert m.count == alone.count and torch.equal(m.mean, alone.mean) and torch.equal(m.m2, alone.m2)
+        assert torch.equal(m.absmax, alone.absmax)
+    assert shared[0].count == 600
