@@ -1,5 +1,5 @@
 """Lattice DAG factory: one family of DAGs per platform config in `configs/` (or $LATTICE_CONFIGS_DIR):
-`<config>__features`, `<config>__train_teacher`, `<config>__distill`, `<config>__promote`.
+`<config>__features`, `<config>__train_teacher`, `<config>__distill`, `<config>__promote`, `<config>__tune`.
 
 This file only wires: what each DAG runs and which parameters it takes come from
 `lattice.orchestration.spec`, and every task calls a stage through `lattice.stages` in

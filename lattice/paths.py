@@ -80,6 +80,10 @@ class Paths:
     def reports(self) -> Path:
         return self.workdir / "reports"
 
+    def tune_dir(self, study: str) -> Path:
+        """`lattice tune`: one Optuna study (study.db, SQLite), its best overlay and best.json."""
+        return self.workdir / "tune" / study
+
     def ensure(self) -> "Paths":
         self.workdir.mkdir(parents=True, exist_ok=True)
         return self

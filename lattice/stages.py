@@ -29,6 +29,8 @@ STAGES: dict[str, str] = {
     "materialize": "pipelines.feast_jobs:materialize",
     # id maps of the vocab / mixed / learned hashing schemes, fitted on the training split
     "hashing_fit": "lattice.hashing.fit:fit_hashing",
+    # hyperparameter search on the validation split (Optuna study under <workdir>/tune/)
+    "tune": "lattice.tuning.stages:tune",
 }
 
 

@@ -365,6 +365,14 @@ class ModelSize(Strict):
     one shorter block; 0: off."""
     activation: Literal["relu", "hardswish"] = "relu"
     """Mod: the hidden layers' activation."""
+    numeric: Literal["none", "ple", "quantile", "periodic"] = "none"
+    """Encoding of each dense column before the dense MLP (lattice.models.numeric): `ple`
+    piecewise-linear over the column's train quantile bins, `quantile` a learned embedding of its
+    quantile bucket, `periodic` learned-frequency sin/cos then Linear + ReLU; `none` the z-score
+    alone. Every one clamps NaN, ±inf and huge inputs into the train range first."""
+    numeric_bins: int = Field(default=16, ge=2, le=128)
+    """Quantile bins of `ple` and `quantile` (edges fitted on the train split), and the width of
+    each column's encoded vector (for `periodic` too: its frequencies and output width)."""
 
 
 class Gbdt(Strict):
@@ -474,8 +482,16 @@ class Training(Strict):
     batch_size: int = Field(default=1024, ge=1)
     """Examples per optimizer step over all ranks (each of N ranks loads batch_size / N)."""
     epochs: int = Field(default=2, ge=1)
-    """Passes over the train split. The validation macro NE is measured after each epoch and the
-    best epoch's weights are kept."""
+    """Passes over the train split. The validation macro NE is measured `evals_per_epoch` times per
+    epoch (always at its end) and the weights of the best evaluation are kept."""
+    evals_per_epoch: int = Field(default=1, ge=1)
+    """Validations per epoch, evenly spaced in optimizer steps (the last at the end of the epoch);
+    1 validates at epoch ends only. A share of the epoch rather than a step count, so the same
+    value fits a 10k-row sample and a 10M-row log: CTR models with id embeddings often peak inside
+    their first or second pass and then over-fit, and the best of these points is the model kept.
+    1 by default: 4 cost about a quarter more training time and kept the same model on the demo
+    data (50k, 200k rows) and a worse one on Avazu, whose small validation split is noisy
+    (bench/README.md); more pays where validation is large and the peak comes mid-epoch."""
     lr_dense: float = Field(default=1e-3, gt=0)
     """Adam learning rate of the dense parameters (interaction layers, MLPs, projections); see
     `lr_decay_to`."""
@@ -497,8 +513,9 @@ class Training(Strict):
     """With `split.kind: hash`: the share of examples in the test split, held out from training and
     validation; reported metrics are measured on it."""
     early_stopping_patience: int = Field(default=2, ge=0)
-    """Epochs in a row without a better validation macro NE that training tolerates: it stops after
-    patience + 1 of them (0: at the first). The best epoch's weights are kept either way."""
+    """Validations in a row (see `evals_per_epoch`; epochs at its default of 1) without a better
+    validation macro NE that training tolerates: it stops after patience + 1 of them (0: at the
+    first). The best validation's weights are kept either way. Raise it with `evals_per_epoch`."""
     nproc: int = Field(default=2, ge=1)
     """Training processes (torchrun ranks) that share the embedding tables; 1 trains in the calling
     process without sharding. `--nproc` overrides it."""
@@ -708,6 +725,9 @@ class Schedules(Strict):
     """The student DAG: distill, export, register as challenger."""
     promote: Schedule = Field(default_factory=lambda: Schedule(asset="student"))
     """The promotion DAG: gate the challenger against the champion and move the champion alias."""
+    tune: Schedule = Field(default_factory=Schedule)
+    """The tuning DAG (`lattice tune`: hyperparameter search on the validation split); manual
+    triggers only by default."""
 
 
 class TimeRange(Strict):
@@ -745,6 +765,70 @@ class Synthetic(Strict):
     """Impressions to generate when a run does not say: the `synth` task of scheduled and
     asset-triggered features DAG runs, and the default of the form's "Synthetic rows"; the logs
     are regenerated only when they hold a different count. `lattice demo --rows` overrides it."""
+
+
+# ---------------------------------------------------------------- hyperparameter search
+
+
+class TuneRange(Strict):
+    """One searched config key of `lattice tune`: a range (`low`, `high`, optionally `log` or
+    `step`) or a list of `choices`. A key whose config value is an integer is searched over
+    integers, any other range over real numbers."""
+
+    low: int | float | None = None
+    """Smallest value tried (give it with `high`, or give `choices`)."""
+    high: int | float | None = None
+    """Largest value tried (inclusive)."""
+    log: bool = False
+    """Sample the range on a log scale (learning rates); needs `low` > 0 and no `step`."""
+    step: int | float | None = Field(default=None, gt=0)
+    """Spacing of the values tried between `low` and `high`; unset: any value (1 for integers)."""
+    choices: list[int | float | bool | str] | None = Field(default=None, min_length=1)
+    """The values tried, instead of a range, e.g. embedding widths `[16, 32, 64]`."""
+
+    @model_validator(mode="after")
+    def _range_or_choices(self) -> "TuneRange":
+        has_range = self.low is not None or self.high is not None
+        if has_range == (self.choices is not None):
+            raise ValueError("give either 'low' and 'high' (a range) or 'choices' (a list), not both or neither")
+        if self.choices is not None and (self.log or self.step is not None):
+            raise ValueError("'log' and 'step' apply to a range, not to 'choices'")
+        if has_range:
+            if self.low is None or self.high is None:
+                raise ValueError("a range needs both 'low' and 'high'")
+            if self.low > self.high:
+                raise ValueError(f"low ({self.low}) must be at most high ({self.high})")
+            if self.log and (self.low <= 0 or self.step is not None):
+                raise ValueError("a 'log' range needs low > 0 and no 'step'")
+        return self
+
+
+def _default_space() -> dict[str, TuneRange]:
+    return {
+        "training.lr_dense": TuneRange(low=3e-4, high=1e-2, log=True),
+        "training.lr_sparse": TuneRange(low=0.01, high=0.2, log=True),
+        "models.teacher.dropout": TuneRange(low=0.0, high=0.3),
+        "models.teacher.embedding_dim": TuneRange(choices=[16, 32, 64]),
+    }
+
+
+class Tune(Strict):
+    """`lattice tune`: an Optuna search over config keys, each trial a short training run judged
+    by its validation macro NE alone (the test split is never read), stored in a study under
+    `<workdir>/tune/<study>/` so a rerun continues it."""
+
+    trials: int = Field(default=20, ge=1)
+    """Trials a study holds in total when `--trials` does not say; a rerun runs only the missing ones."""
+    epochs: int = Field(default=1, ge=1)
+    """Training epochs of every trial (`training.epochs` of the trial's run; `--epochs` overrides)."""
+    sampler: Literal["tpe", "random"] = "tpe"
+    """Optuna sampler: `tpe` (tree-structured Parzen estimator, learns from earlier trials) or `random`."""
+    seed: int = 0
+    """Seed of the sampler, so a fresh study of the same space proposes the same trials."""
+    space: dict[str, TuneRange] = Field(default_factory=_default_space)
+    """Dotted config key (as `--set` takes it: `training.lr_dense`, `models.teacher.dropout`,
+    `features.sparse.<name>.embedding_dim`) -> what to try. Each key must name a value of this
+    config; the search overrides only these keys."""
 
 
 # ---------------------------------------------------------------- the platform config
@@ -789,6 +873,8 @@ class PlatformConfig(Strict):
     """MLflow tracking server and registered model names."""
     schedules: Schedules = Field(default_factory=Schedules)
     """When each Airflow DAG runs."""
+    tune: Tune = Field(default_factory=Tune)
+    """The hyperparameter search of `lattice tune`: trials, epochs per trial and the searched keys."""
     synthetic: Synthetic | None = None
     """Parameters of the built-in log generator (`lattice synth`, `lattice demo`); absent for real
     data."""
@@ -910,6 +996,9 @@ class PlatformConfig(Strict):
         from lattice.hashing.layout import hashing_problems  # torch-free: config check stays light
 
         out += hashing_problems(self)
+        from lattice.tuning.space import space_problems  # torch-free, like hashing_problems
+
+        out += space_problems(self)
         t, st = self.models.teacher, self.models.student
         bigger = [k for k in ("embedding_dim", "table_scale", "num_layers", "num_tokens", "fm_rank", "domain_fm") if getattr(st, k) > getattr(t, k)]
         if bigger or sum(st.head_dims) > sum(t.head_dims):

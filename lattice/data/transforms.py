@@ -15,6 +15,7 @@ from lattice.data import schema as S
 
 Z_CLIP = 10.0  # z-scores beyond this are outliers that would only destabilise training
 TAIL = 0.001  # each column is clipped to its train quantiles [TAIL, 1 - TAIL] before the z-score
+QUANTILE_GRID = 128  # DenseStats.quantiles: each column's quantiles at k / QUANTILE_GRID, k = 0..QUANTILE_GRID
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,9 @@ class DenseStats:
     merged_ids: dict[str, int] | None = None
     """sparse feature -> train-split ids that id mod num_embeddings puts on a row another id already
     has (exact: small integer ids below the row count never merge, whatever n(n-1)/2R says)."""
+    quantiles: list[list[float]] | None = None
+    """per column: the train split's quantiles at k / QUANTILE_GRID (after the transform and the
+    clip to [low, high]); the numeric encoders' bin edges come from these (lattice.models.numeric)."""
 
     def apply(self, raw: dict[str, np.ndarray], n: int) -> np.ndarray:
         """raw column arrays -> (n, n_dense) float32. One vectorised pass over all columns (this
@@ -101,14 +105,15 @@ class DenseStats:
 
     def to_json(self) -> dict:
         return {"columns": [asdict(c) for c in self.columns], "mean": self.mean, "std": self.std, "label_rates": self.label_rates,
-                "distinct_ids": self.distinct_ids, "low": self.low, "high": self.high, "merged_ids": self.merged_ids}
+                "distinct_ids": self.distinct_ids, "low": self.low, "high": self.high, "merged_ids": self.merged_ids,
+                "quantiles": self.quantiles}
 
     @classmethod
     def from_json(cls, d: dict) -> "DenseStats":
         cols = [DenseColumn(c["column"], c["transform"], tuple(c["clip"]) if c.get("clip") else None) for c in d["columns"]]
         # stats saved before the bounds existed carry none: no clip, as those models were trained
         return cls(cols, list(d["mean"]), list(d["std"]), d.get("label_rates"), d.get("distinct_ids"), d.get("low"), d.get("high"),
-                   d.get("merged_ids"))
+                   d.get("merged_ids"), d.get("quantiles"))
 
     def save(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -159,4 +164,5 @@ class StatsAccumulator:
         x = np.clip(self.sample, low, high)
         mean, std = x.mean(axis=0), x.std(axis=0)
         std = np.where(std > 1e-6, std, 1.0)  # a constant column stays constant (z = 0)
-        return DenseStats(self.columns, mean.tolist(), std.tolist(), low=low.tolist(), high=high.tolist())
+        grid = np.quantile(x, np.linspace(0.0, 1.0, QUANTILE_GRID + 1), axis=0).T  # (k, QUANTILE_GRID + 1)
+        return DenseStats(self.columns, mean.tolist(), std.tolist(), low=low.tolist(), high=high.tolist(), quantiles=grid.tolist())

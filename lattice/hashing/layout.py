@@ -56,10 +56,11 @@ def qr_split(feature: "SparseFeature", rows: int) -> tuple[int, int]:
 
 
 def qr_widths(feature: "SparseFeature", width: int) -> tuple[int, int]:
-    """(quotient width, remainder width): the full width each, or two halves for `concat` (both
-    even from width 4 on: INT8 row-wise export needs even widths; 6 -> 4 + 2)."""
+    """(quotient width, remainder width): the full width each, or two halves for `concat`: both
+    multiples of 4 from width 8 on (fbgemm's fused kernels for big tables need them; 16 -> 8 + 8),
+    even from width 4 on (INT8 row-wise export needs even widths; 6 -> 4 + 2)."""
     if feature.qr_combine == "concat":
-        r = (width // 4) * 2 if width >= 4 else width // 2
+        r = (width // 8) * 4 if width >= 8 else (width // 4) * 2 if width >= 4 else width // 2
         return width - r, r
     return width, width
 
@@ -106,11 +107,14 @@ def _mixed_candidate(pop_cumsum: np.ndarray, rows: int, budget_rows: int, dim: i
 
 
 def _even(width: float, dim: int) -> int:
-    """A block width in [1, dim], even where dim allows: INT8 row-wise export packs a row into
-    whole 2-byte words (fbgemm refuses odd widths)."""
+    """A block width in [1, dim]: a multiple of 4 from dim 4 on (fbgemm's fused table kernels, which
+    the planner picks for big tables, take only column counts divisible by 4), else even where dim
+    allows (INT8 row-wise export packs a row into whole 2-byte words)."""
     if dim < 2:
         return 1
-    return int(min(dim, max(2, 2 * round(width / 2))))
+    if dim < 4:
+        return int(min(dim, max(2, 2 * round(width / 2))))
+    return int(min(dim, max(4, 4 * round(width / 4))))
 
 
 def mixed_layout(popularity: np.ndarray, budget_rows: int, dim: int, alpha: float) -> MixedLayout:
@@ -118,8 +122,8 @@ def mixed_layout(popularity: np.ndarray, budget_rows: int, dim: int, alpha: floa
     decreasing popularity (the ids' training counts; the unseen range counts as the rarest id).
 
     The rule: the head (the top min(R/2, T/2) rows) is full width d; the tail is cut into up to 3
-    blocks (`MIXED_TAIL_BLOCKS`), block k of width d · (p_k / p_head)^α rounded to an even number
-    in [2, d] (INT8 export needs even widths; 1 when d is 1), p the block's mean popularity. The
+    blocks (`MIXED_TAIL_BLOCKS`), block k of width d · (p_k / p_head)^α rounded to a multiple of 4
+    in [4, d] (fbgemm's fused kernels; from d < 4 on an even number, for INT8 export; 1 when d is 1), p the block's mean popularity. The
     parameter budget is the full-width table of the row budget: R·d, counting the block tables
     and each narrower block's d x w projection. Where the whole row space does not fit at those
     widths, the tail keeps as many rows as fit (the largest row count T' whose layout costs

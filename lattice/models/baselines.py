@@ -19,6 +19,7 @@ from lattice.models.gemm import Linear
 from lattice.models.interaction import mlp
 from lattice.models.lattice_net import LatticeNet, set_head_bias
 from lattice.models.mods import Mods
+from lattice.models.numeric import NumericEncoder
 from lattice.models.sparse import SparseArch
 
 
@@ -74,7 +75,8 @@ class MultiTaskModel(nn.Module):
         self.objectives = config.objective_names
         self.sparse = SparseArch(config, size, fitted)
         self.domain = nn.Embedding(len(config.domain_names), size.embedding_dim)
-        n_in = (self.sparse.num_tokens + 1) * size.embedding_dim + n_dense
+        self.encode = NumericEncoder(n_dense, size.numeric, size.numeric_bins) if size.numeric != "none" and n_dense else None
+        n_in = (self.sparse.num_tokens + 1) * size.embedding_dim + (self.encode.out_dim if self.encode is not None else n_dense)
         mods = Mods.of(size)
         self.experts = nn.ModuleList([mlp(n_in, [expert_dim * 2], expert_dim, size.dropout, size, head=False)
                                       for _ in range(n_experts)])
@@ -89,6 +91,7 @@ class MultiTaskModel(nn.Module):
         set_head_bias(self.towers, conditional_rates(rates, self.chains))
 
     def forward(self, dense: torch.Tensor, sparse: KeyedJaggedTensor, domain: torch.Tensor) -> dict[str, torch.Tensor]:
+        dense = self.encode(dense) if self.encode is not None else dense  # (B, n_dense * bins) or (B, n_dense)
         x = torch.cat([self.sparse(sparse).flatten(1), self.domain(domain), dense], dim=1)  # (B, n_in)
         e = torch.stack([self.expert_out(ex(x)) for ex in self.experts], dim=1)  # (B, E, H)
         out = {}

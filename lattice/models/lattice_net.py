@@ -15,6 +15,7 @@ from lattice.models.chain import apply_chains, chains, conditional_rates
 from lattice.models.gemm import Linear
 from lattice.models.interaction import DomainFM, DomainUntied, WukongLayer, mlp, trunk
 from lattice.models.mods import Mods
+from lattice.models.numeric import NumericEncoder
 from lattice.models.sparse import SparseArch
 
 DENSE_TOKENS = 2
@@ -34,10 +35,15 @@ class DenseArch(nn.Module):
         super().__init__()
         self.tokens, self.dim = tokens, dim
         mods, w = Mods.of(size), tokens * dim
-        self.net = nn.Sequential(Linear(n_dense, w, bias=mods.bias), *mods.after_hidden(w), Linear(w, w, bias=mods.bias))
+        # numeric: none builds no encoder (the model, its init and its state dict as before)
+        kind = size.numeric if size is not None else "none"
+        self.encode = NumericEncoder(n_dense, kind, size.numeric_bins) if kind != "none" else None
+        n_in = self.encode.out_dim if self.encode is not None else n_dense
+        self.net = nn.Sequential(Linear(n_in, w, bias=mods.bias), *mods.after_hidden(w), Linear(w, w, bias=mods.bias))
 
     def forward(self, dense: torch.Tensor) -> torch.Tensor:
-        return self.net(dense).view(dense.shape[0], self.tokens, self.dim)  # (B, T, D)
+        x = self.encode(dense) if self.encode is not None else dense  # (B, n_dense * bins) or (B, n_dense)
+        return self.net(x).view(dense.shape[0], self.tokens, self.dim)  # (B, T, D)
 
 
 class LatticeNet(nn.Module):

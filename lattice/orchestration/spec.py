@@ -1,4 +1,4 @@
-"""What the DAGs of one platform config run, as plain data: four families per config, each a
+"""What the DAGs of one platform config run, as plain data: five families per config, each a
 chain of stage tasks, with the trigger parameters (JSON schema) the Airflow UI renders as a form.
 
 Everything is derived from the config: the domains/objectives enums, default date range, epochs
@@ -14,8 +14,8 @@ from typing import Any, Literal
 from lattice.config import PlatformConfig
 from lattice.config.schema import HASHING_NEEDS_FIT, Schedule
 
-Family = Literal["features", "train_teacher", "distill", "promote"]
-FAMILIES: tuple[Family, ...] = ("features", "train_teacher", "distill", "promote")
+Family = Literal["features", "train_teacher", "distill", "promote", "tune"]
+FAMILIES: tuple[Family, ...] = ("features", "train_teacher", "distill", "promote", "tune")
 AssetKind = Literal["features", "teacher", "student"]
 
 
@@ -209,7 +209,7 @@ def _tree_tasks(config: PlatformConfig) -> list[TaskSpec]:
 
 
 def dag_specs(config: PlatformConfig) -> list[DagSpec]:
-    """The four DAGs of one config, in the order data flows through them."""
+    """The DAGs of one config, in the order data flows through them (then the manual `tune`)."""
     families: dict[Family, tuple[str, list[ParamSpec], list[TaskSpec]]] = {
         "features": ("Consolidate, validate and publish the features of every domain",
                      _features_params(config), _features_tasks(config)),
@@ -255,6 +255,25 @@ def dag_specs(config: PlatformConfig) -> list[DagSpec]:
                          "challenger fails this task (no retries) with every failed check in its message, and "
                          "the decision stays in its `decision` XCom.",
                          forward={"dry_run": "dry_run"}, switch=("rollback", "rollback"), gate="passed"),
+            ],
+        ),
+        "tune": (
+            "Hyperparameter search on the validation split (Optuna, resumable); writes the best as a config overlay",
+            [
+                ParamSpec("model", "teacher", "Model", "The model to tune.", {"type": "string", "enum": ["teacher"]}),
+                _int("trials", config.tune.trials, "Trials",
+                     "Trials of the study in total; a rerun of the same study runs only the missing ones.", 1, 10_000),
+                _int("epochs", config.tune.epochs, "Epochs per trial", "Training epochs of every trial.", 1, 100),
+                _int("nproc", config.training.nproc, "Training processes", "torchrun ranks of every trial.", 1, 64),
+                ParamSpec("study", None, "Study", "Study name (default: the model); a new name starts a new study.",
+                          {"type": ["null", "string"]}),
+            ],
+            [
+                TaskSpec("tune", "tune",
+                         "Optuna trials over `tune.space`, each judged by its validation macro NE (the test split is "
+                         "never read), every trial an MLflow run; the best goes to <workdir>/tune/<study>/overlay.yaml.",
+                         forward={"model": "model", "trials": "trials", "epochs": "epochs", "nproc": "nproc",
+                                  "study": "study"}),
             ],
         ),
     }

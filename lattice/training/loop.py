@@ -1,8 +1,9 @@
 """The per-rank training loop (the same code for 1 rank in-process and N ranks under torchrun).
 
 Order of work: plan + shard the model, train epochs with a fused in-backward optimizer for the
-tables and Adam for the dense part, validate (all-reduced per-cell NE), early-stop, restore the
-best epoch, fit the per-cell calibration stage on the validation split, predict the test split,
+tables and Adam for the dense part, validate (all-reduced per-cell NE) `training.evals_per_epoch`
+times per epoch at the same optimizer steps on every rank, early-stop on patience counted in
+validations, restore the best validation's weights, fit the per-cell calibration stage on the validation split, predict the test split,
 gather the full weights, write metrics."""
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from lattice.data.loader import BatchLoader, table_rows
 from lattice.data.transforms import DenseStats
 from lattice.evaluation.metrics import cell_metrics, ne_from_sums
 from lattice.models import build_model, kind_of
+from lattice.models.numeric import fit_numeric
 from lattice.models.saved import rebuild, saved_blob
 from lattice.models.cost import model_cost
 from lattice.models.remap import table_capacity_notes
@@ -49,8 +51,14 @@ class TrainState:
     step_in_epoch: int = 0  # batches of the current epoch already consumed (the data position)
     global_step: int = 0
     best_ne: float = math.inf
-    best_epoch: int = -1
-    bad_epochs: int = 0
+    best_epoch: int = -1  # the epoch (1-based) in which the best validation fell
+    bad_epochs: int = 0  # unused since validations inside epochs (kept: older checkpoints carry it)
+    best_step: int = -1  # global step of the best validation, whose weights `Trainer.best` holds
+    bad_evals: int = 0  # validations in a row without a better macro NE (early-stopping patience)
+    stopped: bool = False  # early-stopped (a resume from the checkpoint then goes straight to finish)
+    epoch_steps: int = 0  # steps of a finished epoch (0 before the first ends): spaces the validations
+    eval_seconds: float = 0.0  # time spent validating, all epochs
+    evals: list = field(default_factory=list)  # one entry per validation: step, epoch, val NE per cell, macro
     epoch_loss: float = 0.0
     epoch_examples: int = 0
     epoch_seconds: float = 0.0
@@ -109,6 +117,7 @@ class Trainer:
         model = build_model(self.config, self.kind, self.n_dense, fitted=self.fitted)
         if self.stats.label_rates:
             model.set_output_bias(self.stats.label_rates)
+        fit_numeric(model, self.stats)  # the numeric encoders' bin edges (none: a no-op)
         tr = self.config.training
         tables = [p for m in model.modules() if isinstance(m, EmbeddingBagCollection) for p in m.parameters()]
         # the table update runs inside backward (fused with the gradient in the sharded kernel)
@@ -127,6 +136,7 @@ class Trainer:
         self.dense_opt = torch.optim.Adam(dense, lr=tr.lr_dense)
         train_rows = table_rows(Path(spec.table)) * (1 - tr.validation_fraction - tr.test_fraction)
         self.planned_steps = max(1, math.ceil(spec.epochs * train_rows / tr.batch_size))
+        self.estimated_epoch_steps = max(1, math.ceil(train_rows / tr.batch_size))
         self.state = TrainState()
         self.best: dict | None = None
 
@@ -211,6 +221,14 @@ class Trainer:
                 window = []
             bar.update(1)
             bar.set_postfix(loss=f"{value:.4f}")
+            if st.step_in_epoch in self.eval_points():
+                st.epoch_seconds += time.perf_counter() - started
+                stop = self.evaluate()
+                self.model.train()
+                started = time.perf_counter()
+                if stop:  # fit records the partial epoch and checkpoints
+                    bar.close()
+                    return True
             if spec.checkpoint_every and st.global_step % spec.checkpoint_every == 0:
                 st.epoch_seconds += time.perf_counter() - started
                 started = time.perf_counter()
@@ -223,6 +241,43 @@ class Trainer:
         bar.close()
         st.epoch_seconds += time.perf_counter() - started
         return True
+
+    def eval_points(self) -> set[int]:
+        """Steps of the current epoch (counted from 1) after which it validates besides its end:
+        evals_per_epoch - 1 points evenly spaced over the epoch's steps (the first epoch's from the
+        row count, later ones from the steps the first took). The same on every rank and after a
+        resume: a function of the config, the table and the saved state."""
+        n = self.config.training.evals_per_epoch
+        steps = self.state.epoch_steps or self.estimated_epoch_steps
+        return {p for p in (round(k * steps / n) for k in range(1, n)) if 0 < p < steps}
+
+    def evaluate(self) -> bool:
+        """Validate now, record it, keep the weights if the macro NE is the best so far; True when
+        patience ran out (the caller stops training)."""
+        st = self.state
+        if st.evals and st.evals[-1]["step"] == st.global_step:  # the epoch ended on an in-epoch point
+            return st.bad_evals > self.config.training.early_stopping_patience
+        t = time.perf_counter()
+        val = self.validate()
+        finite = [v for v in val.values() if v == v]
+        macro = float(np.mean(finite)) if finite else math.inf
+        steps = st.epoch_steps or self.estimated_epoch_steps
+        st.evals.append({"step": st.global_step, "epoch": st.epoch + 1,
+                         "epochs_done": round(st.epoch + min(1.0, st.step_in_epoch / steps), 4),
+                         "val_ne": val, "val_macro_ne": macro})
+        if macro < st.best_ne:
+            st.best_ne, st.best_epoch, st.best_step, st.bad_evals = macro, st.epoch + 1, st.global_step, 0
+            self.best = D.local_state(self.model.state_dict())
+        else:
+            st.bad_evals += 1
+        st.eval_seconds += time.perf_counter() - t
+        stop = st.bad_evals > self.config.training.early_stopping_patience
+        if stop:
+            st.stopped = True
+            if self.rank == 0:
+                print(f"[lattice] early stop at step {st.global_step}: no validation gain for {st.bad_evals} "
+                      f"validation(s); keeping step {st.best_step}", flush=True)
+        return stop
 
     def _set_dense_lr(self, step: int) -> None:
         """Linear decay from lr_dense to lr_dense * lr_decay_to over the planned steps; a function
@@ -257,32 +312,28 @@ class Trainer:
 
     def fit(self) -> bool:
         st, spec = self.state, self.spec
-        patience = self.config.training.early_stopping_patience
-        while st.epoch < spec.epochs:
+        while st.epoch < spec.epochs and not st.stopped:
             if not self.train_epoch(st.epoch):
                 return False
-            val = self.validate()
-            finite = [v for v in val.values() if v == v]
-            macro = float(np.mean(finite)) if finite else math.inf
+            stop = st.stopped  # patience ran out at a validation inside the epoch
+            if not stop:
+                st.epoch_steps = st.epoch_steps or st.step_in_epoch
+                stop = self.evaluate()
+            val, macro = st.evals[-1]["val_ne"], st.evals[-1]["val_macro_ne"]
             loss_sum, n, secs = _sum([st.epoch_loss, st.epoch_examples, st.epoch_seconds])
             st.history.append({
                 "epoch": st.epoch + 1, "train_loss": loss_sum / max(n, 1), "examples": int(n),
                 "examples_per_s": n / max(secs / self.world, 1e-9), "val_ne": val, "val_macro_ne": macro,
+                "steps": st.step_in_epoch,
             })
             if self.rank == 0 and spec.progress:
                 print(f"[lattice] {spec.model} epoch {st.epoch + 1}: train loss {loss_sum / max(n, 1):.4f}, "
-                      f"val macro NE {macro:.4f}, {n / max(secs / self.world, 1e-9):,.0f} ex/s", flush=True)
-            if macro < st.best_ne:
-                st.best_ne, st.best_epoch, st.bad_epochs = macro, st.epoch + 1, 0
-                self.best = D.local_state(self.model.state_dict())
-            else:
-                st.bad_epochs += 1
+                      f"val macro NE {macro:.4f} (best {st.best_ne:.4f} at step {st.best_step}), "
+                      f"{n / max(secs / self.world, 1e-9):,.0f} ex/s", flush=True)
             st.epoch += 1
             st.step_in_epoch, st.epoch_loss, st.epoch_examples, st.epoch_seconds = 0, 0.0, 0, 0.0
             self.save_checkpoint()
-            if st.bad_epochs > patience:
-                if self.rank == 0:
-                    print(f"[lattice] early stop: no validation gain for {st.bad_epochs} epoch(s)", flush=True)
+            if stop:
                 break
         return True
 
@@ -347,9 +398,26 @@ class Trainer:
                 out[f"raw_p_{o}"] = raw[o]
         return out
 
+    def finish_validation_only(self) -> dict | None:
+        """`lattice tune`'s end of a trial: the best validation's figures (history.json and
+        val_metrics.json); no test predictions, no model.pt, no metrics.json, so the test split is
+        never read and a trial's folder never looks like a trained model to later stages."""
+        st = self.state
+        if self.rank != 0:
+            return None
+        best = next((e for e in st.evals if e["step"] == st.best_step), st.evals[-1] if st.evals else None)
+        out = {"model": self.spec.model, "kind": self.kind, "split": "validation", "best_epoch": st.best_epoch,
+               "best_step": st.best_step, "global_steps": st.global_step, "world_size": self.world,
+               "val_macro_ne": st.best_ne, "val_ne": best["val_ne"] if best else {}}
+        (self.dir / "val_metrics.json").write_text(json.dumps(out, indent=1))
+        (self.dir / "history.json").write_text(json.dumps({"epochs": st.history, "evals": st.evals, "steps": st.steps}, indent=1))
+        return {**out, "macro": {"val_ne": st.best_ne}, "cost": None}
+
     def finish(self) -> dict | None:
         if self.best is not None:
             D.copy_local_state(self.model.state_dict(), self.best)
+        if self.spec.validation_only:
+            return self.finish_validation_only()
         self.fp8.finish()
         fp8_probe = self.fp8.probe_for_blob()
         validation = self.predict_split("validation") if self.config.training.calibration != "none" else None
@@ -373,6 +441,7 @@ class Trainer:
         attach_passthrough(self.config, Path(self.spec.table), preds).to_parquet(self.dir / "predictions.parquet", index=False)
         metrics = cell_metrics(self.config, preds)
         metrics.update({"model": self.spec.model, "kind": self.kind, "cost": cost, "best_epoch": self.state.best_epoch,
+                        "best_step": self.state.best_step, "global_steps": self.state.global_step,
                         "world_size": self.world, "test_examples": int(len(preds))})
         if maps is not None:
             before = calibration.calibrated_probabilities(self.config, validation, None)
@@ -382,7 +451,8 @@ class Trainer:
                 calibration.effect(self.config, test, {o: preds[f"raw_p_{o}"].to_numpy() for o in self.config.objective_names},
                                    {o: preds[f"p_{o}"].to_numpy() for o in self.config.objective_names}))
         (self.dir / "metrics.json").write_text(json.dumps(metrics, indent=1))
-        (self.dir / "history.json").write_text(json.dumps({"epochs": self.state.history, "steps": self.state.steps}, indent=1))
+        (self.dir / "history.json").write_text(json.dumps({"epochs": self.state.history, "evals": self.state.evals,
+                                                           "steps": self.state.steps}, indent=1))
         return metrics
 
     def close(self) -> None:
@@ -401,8 +471,10 @@ def run(spec: RunSpec) -> dict:
         out = trainer.finish()
         if trainer.rank == 0:
             summary = {"model": spec.model, "world_size": trainer.world, "epochs_run": trainer.state.epoch,
-                       "best_epoch": trainer.state.best_epoch, "macro": out["macro"], "cost": out["cost"],
-                       "history": trainer.state.history}
+                       "best_epoch": trainer.state.best_epoch, "best_step": trainer.state.best_step,
+                       "global_steps": trainer.state.global_step, "eval_seconds": trainer.state.eval_seconds,
+                       "macro": out["macro"], "cost": out["cost"], "history": trainer.state.history,
+                       "evals": trainer.state.evals}
             (trainer.dir / "summary.json").write_text(json.dumps(summary, indent=1))
             return summary
         return {}

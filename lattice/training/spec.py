@@ -25,6 +25,7 @@ class RunSpec:
     stop_after: int | None = None  # steps; simulates an interruption (checkpoint, then stop)
     resume: bool = False
     progress: bool = True
+    validation_only: bool = False  # `lattice tune`: judge on the validation split; never read the test split
 
     def platform(self) -> PlatformConfig:
         return PlatformConfig.model_validate(self.config)

@@ -40,13 +40,18 @@ def _free_port() -> int:
 
 def train(config: PlatformConfig, paths: Paths, model: str = "teacher", nproc: int | None = None, epochs: int | None = None,
           teacher_scores: str | Path | None = None, seed: int | None = None, resume: bool = False,
-          checkpoint_every: int | None = None, stop_after: int | None = None, progress: bool = True) -> dict:
+          checkpoint_every: int | None = None, stop_after: int | None = None, progress: bool = True,
+          validation_only: bool = False) -> dict:
     """Train one model (teacher | student | separate | pooled | mmoe | shared_bottom | gbdt |
     gbdt_cell, optionally 'kind@tag'). `teacher_scores`: parquet of example_id + p_<objective>
     (distillation). The LightGBM baselines go to lattice.training.gbdt_stage before any torch
     code: they have no epochs or ranks (`nproc` and `epochs` do not apply: their rounds stop early on
-    the validation split, their threads are models.baselines.trees.num_threads)."""
+    the validation split, their threads are models.baselines.trees.num_threads). `validation_only`
+    (`lattice tune`): the run ends at its best validation, reads no test row and writes no model.pt
+    or metrics.json; the summary's `val_macro_ne` / `val_ne` are the validation figures."""
     if kind_of(model) in GBDT_KINDS:
+        if validation_only:
+            raise ValueError(f"{model!r} is a LightGBM baseline: validation_only (lattice tune) covers the deep models")
         if teacher_scores is not None or resume:
             raise ValueError(f"{model!r} is a LightGBM baseline: it takes no teacher scores and no --resume "
                              "(a fit starts from scratch)")
@@ -75,7 +80,7 @@ def train(config: PlatformConfig, paths: Paths, model: str = "teacher", nproc: i
         epochs=epochs or config.training.epochs, seed=config.training.seed if seed is None else seed, table=str(table),
         teacher_scores=str(Path(teacher_scores).resolve()) if teacher_scores else None,
         checkpoint_every=config.training.checkpoint_every if checkpoint_every is None else checkpoint_every,
-        stop_after=stop_after, resume=resume, progress=progress,
+        stop_after=stop_after, resume=resume, progress=progress, validation_only=validation_only,
     )
     spec_path = spec.save(out / "run_spec.json")
     started = time.perf_counter()

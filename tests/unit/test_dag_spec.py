@@ -28,7 +28,7 @@ def _schema_ok(spec, name, value) -> bool:
 
 
 @pytest.mark.parametrize("path", config_files(ROOT / "configs"), ids=lambda p: p.stem)
-def test_every_shipped_config_gets_four_dags_with_valid_defaults(path: Path) -> None:
+def test_every_shipped_config_gets_its_dags_with_valid_defaults(path: Path) -> None:
     config = load_config(path)
     specs = dag_specs(config)
     assert [s.dag_id for s in specs] == [f"{config.name}__{f}" for f in FAMILIES]
@@ -348,3 +348,18 @@ def test_the_fp8_switch_of_the_training_forms_sets_fp8_enabled_for_the_run(tmp_p
         seen.clear()
         run_task(ROOT / "configs" / "demo.yaml", task, {**defaults(spec), "fp8": value}, spec.params)
         assert seen["fp8"] is (config.fp8.enabled if value is None else value)
+
+
+def test_the_tune_dag_is_manual_and_forwards_its_params_to_the_tune_stage() -> None:
+    from lattice.stages import get_stage
+
+    config = load_config(ROOT / "configs" / "demo.yaml")
+    spec = next(s for s in dag_specs(config) if s.family == "tune")
+    assert spec.dag_id == "demo__tune" and spec.schedule.cron is None and spec.schedule.asset is None
+    assert defaults(spec) == {"model": "teacher", "trials": config.tune.trials, "epochs": config.tune.epochs,
+                              "nproc": config.training.nproc, "study": None}
+    [task] = spec.tasks
+    kwargs = stage_kwargs(get_stage(task.stage), task, {"trials": 3, "study": "night"}, spec.params)
+    assert kwargs == {"model": "teacher", "trials": 3, "epochs": config.tune.epochs, "nproc": config.training.nproc,
+                      "study": "night"}
+    assert not _schema_ok(spec, "model", "student")
