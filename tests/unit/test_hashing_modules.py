@@ -231,6 +231,8 @@ def test_mixed_dims_stay_within_the_parameter_budget(popularity, budget, dim, al
     lay = mixed_layout(popularity, budget, dim, alpha)
     assert lay.params <= budget * dim
     assert len(lay.widths) >= 2 and lay.widths[0] == dim and all(1 <= w <= dim for w in lay.widths)
+    if dim >= 4:  # fbgemm's fused kernel (big tables) takes only widths divisible by 4
+        assert all(w % 4 == 0 for w in lay.widths), lay.widths
     assert lay.bounds[0] == 0 and all(b > a for a, b in zip(lay.bounds, lay.bounds[1:])) and lay.bounds[-1] <= len(popularity)
     if alpha == 0:
         assert set(lay.widths) == {dim}  # 0: every block full width
@@ -477,3 +479,33 @@ def test_an_int8_artifact_takes_every_compressed_table(demo) -> None:
     got = script(model, int8=True)(dense, kjt, domain)
     for o in eager:
         torch.testing.assert_close(got[o], eager[o], rtol=0, atol=5e-3)
+
+
+@pytest.mark.parametrize("scheme,keys", [("mixed", {}), ("qr", {"qr_combine": "concat"})])
+def test_compressed_tables_take_fbgemms_fused_kernel(demo, scheme, keys) -> None:
+    """The planner gives big tables fbgemm's fused kernel, which takes only widths divisible by 4
+    (a 6-wide mixed tail failed at 1M rows; tiny tables here would get the data-parallel kernel, so
+    the plan is forced). The width rule itself is checked over many layouts above."""
+    import torch.distributed as dist
+    from torchrec import EmbeddingBagCollection
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
+
+    from lattice.training import distributed as D
+
+    cfg = with_scheme(demo, scheme, **keys)
+    cfg = cfg.model_copy(update={"models": cfg.models.model_copy(update={
+        "teacher": cfg.models.teacher.model_copy(update={"embedding_dim": 16})})})  # 16-wide tables, narrower tails
+    torch.manual_seed(0)
+    model = build_model(cfg, "teacher", 4, fitted=fitted_for(cfg))
+    configs = [c for m in model.modules() if isinstance(m, EmbeddingBagCollection) for c in m.embedding_bag_configs()]
+    compressed = [c for c in configs if c.name.split("__")[0] in {f"t_{n}" for n in COMPRESSED}]
+    if scheme == "mixed":
+        assert len({c.embedding_dim for c in compressed}) > 1  # the layout did narrow the tails
+    assert all(c.embedding_dim % 4 == 0 for c in compressed), [(c.name, c.embedding_dim) for c in compressed]
+    D.init_process_group()
+    fused = {c.name: ParameterConstraints(sharding_types=["table_wise"], compute_kernels=["fused"]) for c in configs}
+    planner = EmbeddingShardingPlanner(topology=Topology(world_size=1, compute_device="cpu"), constraints=fused)
+    dmp = D.wrap(model, planner.collective_plan(model, [EmbeddingBagCollectionSharder()], dist.GroupMember.WORLD))
+    out = dmp(torch.randn(8, 4), kjt_for(cfg, np.random.default_rng(0), 8), torch.arange(8) % 3)
+    assert all(torch.isfinite(v).all() for v in out.values())
