@@ -303,3 +303,18 @@ def test_the_models_torch_lookup_agrees_with_the_reference(fitted_table) -> None
         for budget, m in fitted.get(f.name, {}).items():
             got = lookup_from_map(f, m, budget)(torch.from_numpy(probe)).numpy()
             assert np.array_equal(got, lookup(m, probe)), (f.name, budget)
+
+
+def test_rare_ids_rows_never_follow_their_own_few_labels() -> None:
+    """Grouping rare ids by the labels they have leaks those training labels into shared rows:
+    below MIN_LIFT_ROWS labelled rows an id's label lift is 0, whatever its labels."""
+    from lattice.hashing.cluster import MIN_LIFT_ROWS, representation
+    from lattice.hashing.id_stats import IdStats, Window
+
+    rows = np.array([3, 3, MIN_LIFT_ROWS, MIN_LIFT_ROWS])  # two rare ids, two with enough rows
+    pos = np.array([3, 0, MIN_LIFT_ROWS // 2, 0])  # one of each clicked every time, one never
+    stats = IdStats("x", np.arange(4), rows, rows[:, None], rows[:, None, None], pos[:, None], int(rows.sum()), 0.0)
+    window = Window(int(rows.sum()), None, None, True, np.array([[1000]]), np.array([[100]]))
+    lift = representation(stats, window, np.arange(4))[:, 0]
+    assert lift[0] == lift[1] == 0.0  # 3 of 3 clicks and 0 of 3 look alike
+    assert lift[2] > 0 > lift[3]  # from MIN_LIFT_ROWS on, the lift counts
