@@ -6,33 +6,23 @@ uninterrupted run."""
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import pytest
 import torch
 
-from lattice.config import load_config
 from lattice.data.loader import table_rows
-from lattice.data.local_table import write_local_table
-from lattice.data.synth import generate
 from lattice.paths import Paths
 from lattice.training import distributed as D
 from lattice.training import loop
 from lattice.training.stages import train
-from lattice.training.tiny import tiny
 
-ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory):
-    base = tmp_path_factory.mktemp("evals")
-    cfg = tiny(load_config(ROOT / "configs" / "demo.yaml"), data_root=str(base / "raw"), batch_size=256)
+def setup(tiny_demo):
+    cfg, paths = tiny_demo("evals", 6_000)
     cfg = cfg.model_copy(update={"training": cfg.training.model_copy(update={"evals_per_epoch": 4, "early_stopping_patience": 20})})
-    generate(cfg, 6_000, base / "raw", progress=False)
-    paths = Paths.for_config(cfg, base / "work")
-    write_local_table(cfg, paths)
     return cfg, paths
 
 
