@@ -700,6 +700,20 @@ class Registry(Strict):
     `<model_name>_<kind>`. Unset: `<name>_ranker`."""
 
 
+class Deployment(Strict):
+    profile: Literal["embedded", "scale-out"] = "embedded"
+    """Which engines the same DAGs and stages run on. `embedded`: everything on this machine in
+    files (Airflow and MLflow on SQLite, Spark `local[2]`, Feast's SQLite online store and file
+    registry, single-node `torchrun`, one uvicorn worker). `scale-out`: the services named in
+    `profile_file` (PostgreSQL, Redis, a Spark standalone master, an MLflow tracking server,
+    multi-node `torchrun`, several uvicorn workers), as `infra/scale-out up` starts them on loopback
+    or as an operator fills it in for a real cluster. No code changes between the two."""
+    profile_file: str = "~/.lattice/scale-out/profile.json"
+    """The scale-out profile (JSON; endpoints and credentials, owner-only permissions, outside the
+    repository): written by `infra/scale-out up`. `LATTICE_PROFILE_FILE` overrides it. Read only
+    with `profile: scale-out`."""
+
+
 class Schedule(Strict):
     cron: str | None = None
     """Airflow schedule: a cron expression (`0 3 * * *`) or a preset (`@daily`). Give this or
@@ -873,6 +887,9 @@ class PlatformConfig(Strict):
     """MLflow tracking server and registered model names."""
     schedules: Schedules = Field(default_factory=Schedules)
     """When each Airflow DAG runs."""
+    deployment: Deployment = Field(default_factory=Deployment)
+    """Embedded (one machine, files) or scale-out (PostgreSQL, Redis, Spark standalone, MLflow
+    server, multi-node torchrun), chosen here with no code change."""
     tune: Tune = Field(default_factory=Tune)
     """The hyperparameter search of `lattice tune`: trials, epochs per trial and the searched keys."""
     synthetic: Synthetic | None = None

@@ -1,0 +1,1 @@
+"""Deployment profiles: embedded (files on one machine) or scale-out (services), see profile.py."""
