@@ -7,6 +7,9 @@
 #   LATTICE_WITH_SERVICES=0  skips Debian's postgresql + redis-server (the scale-out profile's services).
 #   LATTICE_WITH_BROWSER=0  skips Debian's chromium + chromedriver, which the browser tests of the
 #   README's test command need (installed by default, so the one setup command covers the suite).
+#   LATTICE_GPU=1  (GPU machines only) installs CUDA torch, fbgemm-gpu and torchrec with its
+#   dependencies instead of the CPU stack; LATTICE_GPU_TORCH_INDEX picks the wheel index
+#   (default: PyTorch's cu128 index). Unset, nothing below changes for CPU machines.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3.11}
@@ -14,6 +17,7 @@ command -v "$PY" >/dev/null || PY=python3
 VENV=.venv
 STAMP=$VENV/.lattice-setup-stamp
 want=$(cat requirements-torch.txt requirements.txt requirements.lock pyproject.toml infra/setup.sh | sha256sum | cut -c1-16)
+if [ "${LATTICE_GPU:-0}" = 1 ]; then want="$want-gpu"; fi  # switching stacks reinstalls
 
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] && $VENV/bin/python -c "import importlib.util as u, sys; sys.exit(not all(u.find_spec(m) for m in ('torchrec', 'pyspark', 'feast', 'airflow', 'lattice')))" 2>/dev/null; then
   echo "setup: .venv is up to date ($want)"
@@ -22,17 +26,26 @@ else
   PIP="$VENV/bin/pip --disable-pip-version-check"
   extra=()
   [ -n "${LATTICE_TORCH_INDEX:-}" ] && extra=(--extra-index-url "$LATTICE_TORCH_INDEX")
+  if [ "${LATTICE_GPU:-0}" = 1 ]; then
+    gpu_index=${LATTICE_GPU_TORCH_INDEX:-https://download.pytorch.org/whl/cu128}
+    echo "setup: [1/3] torch stack for CUDA (torch 2.13 and fbgemm-gpu 1.8 from $gpu_index, torchrec 1.8 with its deps)"
+    # torch and fbgemm-gpu from one index, so both are built for the same CUDA
+    $PIP install -q --index-url "$gpu_index" --extra-index-url https://pypi.org/simple torch==2.13.0 fbgemm-gpu==1.8.0
+    grep -vE '^(torch|fbgemm-gpu-cpu)==' requirements-torch.txt > $VENV/.requirements-torch-gpu.txt
+    $PIP install -q -r $VENV/.requirements-torch-gpu.txt torchrec==1.8.0
+  else
   echo "setup: [1/3] torch stack (torch 2.13 CPU, fbgemm-gpu-cpu 1.8, torchrec 1.8 --no-deps)"
   $PIP install -q "${extra[@]}" -r requirements-torch.txt -c requirements.lock
   # torchrec declares the CUDA fbgemm-gpu; its real deps are in requirements-torch.txt
   $PIP install -q --no-deps torchrec==1.8.0
+  fi
   echo "setup: [2/3] data and orchestration stack (Spark, Feast, GX, Airflow, MLflow, test tools)"
   # requirements.lock pins every transitive version resolved on the dev machine, so CI and
   # users get the same environment (Airflow publishes its constraints on GitHub, out of reach).
   $PIP install -q "${extra[@]}" -r requirements.txt -c requirements.lock
   echo "setup: [3/3] the lattice package (editable)"
   $PIP install -q --no-deps --no-build-isolation -e .
-  if $PIP list 2>/dev/null | grep -qiE '^(fbgemm[-_]gpu\s|nvidia-)'; then
+  if [ "${LATTICE_GPU:-0}" != 1 ] && $PIP list 2>/dev/null | grep -qiE '^(fbgemm[-_]gpu\s|nvidia-)'; then
     echo "setup: a CUDA package was pulled in; refusing to continue" >&2; exit 1
   fi
   echo "$want" > "$STAMP"

@@ -34,11 +34,28 @@ def _fmt(x) -> str:
     return "-" if x is None or x != x else f"{x:.4f}"
 
 
+def resume_command(args: argparse.Namespace, model: str) -> str:
+    """This command line, for `model`, with --resume: what continues a failed run."""
+    import shlex
+
+    cmd = ["lattice", "train", args.config, "--model", model, "--resume"]
+    for flag, value in (("--nproc", args.nproc), ("--epochs", args.epochs), ("--workdir", args.workdir),
+                        ("--seed", args.seed), ("--teacher-scores", args.teacher_scores), ("--node-rank", args.node_rank)):
+        if value is not None:
+            cmd += [flag, str(value)]
+    for override in args.overrides:
+        cmd += ["--set", override]
+    return shlex.join(cmd)
+
+
 def _train(args: argparse.Namespace) -> int:
     import json
 
     from lattice.data.loader import NoTrainingData
     from lattice.models.build import baseline_names
+    from lattice.deploy.profile import ProfileError
+    from lattice.training.checkpoint import CheckpointError
+    from lattice.training.launch import RankFailed
     from lattice.training.stages import train
 
     config, paths = config_and_paths(args)
@@ -47,14 +64,17 @@ def _train(args: argparse.Namespace) -> int:
     for name in models:
         try:
             s = train(config, paths, model=name, nproc=args.nproc, epochs=args.epochs, teacher_scores=args.teacher_scores,
-                      seed=args.seed, resume=args.resume)
-        except (NoTrainingData, FileNotFoundError) as exc:
+                      seed=args.seed, resume=args.resume, node_rank=args.node_rank, resume_hint=resume_command(args, name))
+        except (NoTrainingData, FileNotFoundError, CheckpointError, RankFailed, ProfileError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 1
         except KeyboardInterrupt:
-            print(f"\ninterrupted: {name} stopped; `lattice train {args.config} --model {name} --resume` continues "
+            print(f"\ninterrupted: {name} stopped; `{resume_command(args, name)}` continues "
                   f"from its last checkpoint (every {config.training.checkpoint_every} steps)", file=sys.stderr)
             return 130
+        if "node_rank" in s:  # one node of a cluster: node 0 reports the run
+            print(f"node {s['node_rank']} of {name}'s training finished; node 0 writes the model and its metrics")
+            return 0
         if "trees" in s["cost"]:  # a LightGBM baseline: trees, not parameters
             print(f"trained {name} in {s['seconds']:.0f}s: {s['cost']['boosters']} booster(s), {s['cost']['trees']:,} trees, "
                   f"{s['cost']['leaves']:,} leaves -> {s['model_dir']}")
@@ -78,11 +98,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train", help="train the MDMO teacher, the student or the baselines (TorchRec, torchrun; LightGBM trees)")
     p.add_argument("config", help="platform config YAML, e.g. configs/demo.yaml")
     p.add_argument("--model", default="teacher", choices=CHOICES, help="what to train (all-baselines: those enabled in models.baselines)")
-    p.add_argument("--nproc", type=int, default=None, help="ranks for torchrun (default: training.nproc; 1 = in this process)")
+    p.add_argument("--nproc", type=int, default=None,
+                   help="ranks (per node with the scale-out profile) for torchrun (default: training.nproc; 1 = in this process)")
     p.add_argument("--epochs", type=int, default=None, help="default: training.epochs")
     p.add_argument("--workdir", default=None, help="default: the config's workdir (or $LATTICE_WORKDIR)")
     p.add_argument("--teacher-scores", default=None, help="parquet of example_id + p_<objective> (distillation)")
     p.add_argument("--seed", type=int, default=None, help="default: training.seed")
-    p.add_argument("--resume", action="store_true", help="continue from the model's last checkpoint (same --nproc)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue from the model's last checkpoint (any --nproc: the checkpoint is resharded)")
+    p.add_argument("--node-rank", type=int, default=None,
+                   help="scale-out profile on a real cluster: start only this node's torchrun (0..nnodes-1); "
+                        "run the same command with each node's rank on each node")
     add_set_argument(p)
     p.set_defaults(func=_train)

@@ -519,11 +519,24 @@ class Training(Strict):
     nproc: int = Field(default=2, ge=1)
     """Training processes (torchrun ranks) that share the embedding tables; 1 trains in the calling
     process without sharding. `--nproc` overrides it."""
-    sharding_types: list[Literal["table_wise", "column_wise", "table_column_wise", "data_parallel", "row_wise"]] = Field(
-        default_factory=lambda: ["table_wise", "column_wise", "data_parallel"]
+    sharding_types: list[Literal["table_wise", "column_wise", "table_column_wise", "data_parallel", "row_wise",
+                                 "table_row_wise"]] = Field(
+        default_factory=lambda: ["table_wise", "column_wise", "data_parallel", "row_wise", "table_row_wise"]
     )
-    """TorchRec sharding kinds the planner may choose from for each embedding table. Without CUDA
-    `row_wise` is dropped (gloo has no reduce-scatter)."""
+    """TorchRec sharding kinds the planner may choose from for each embedding table. On CPU
+    (`device`) `row_wise` and `table_row_wise` are dropped: they need reduce-scatter, which gloo
+    lacks; on CUDA (nccl) the planner may use them, so a table larger than one GPU's memory can be
+    split by rows."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Where the ranks train: `cuda` (one GPU per rank, the nccl backend, batches moved to the GPU,
+    fbgemm's fused GPU table kernels), `cpu` (gloo, CPU kernels) or `auto` (cuda when
+    `torch.cuda.is_available()`, else cpu). A checkpoint written on one resumes on the other (a
+    row-wise table resumes table-wise on CPU)."""
+    collective_timeout_s: float = Field(default=600, gt=0)
+    """Seconds a rank waits in one collective (all-reduce, all-to-all, barrier) before it fails.
+    It bounds how long the surviving ranks of a multi-node run can hang on a peer that died
+    without closing its connections (a lost node); a rank killed on a reachable host is noticed at
+    once. Raise it if one step or one checkpoint save takes longer."""
     checkpoint_every: int = Field(default=1000, ge=0)
     """Optimizer steps between checkpoints inside an epoch (0: at epoch ends only), so a killed or
     interrupted run resumes (`--resume`) from its last step rather than its last epoch."""

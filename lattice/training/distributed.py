@@ -1,18 +1,20 @@
-"""Sharding on TorchRec: process groups, the EmbeddingShardingPlanner plan, DistributedModelParallel,
-and moving sharded state in and out (per-rank local state for checkpoints, a full unsharded
-state dict for serving)."""
+"""Sharding on TorchRec: the training device, process groups, the EmbeddingShardingPlanner plan,
+DistributedModelParallel, and moving sharded state in and out (clones of the sharded state for the
+best weights, a full unsharded state dict for serving). Checkpoints: lattice/training/checkpoint.py."""
 
 from __future__ import annotations
 
 import logging
 import os
 import warnings
+from dataclasses import fields, replace
+from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed._shard.sharded_tensor import ShardedTensor
+from torch.distributed._shard.sharded_tensor import Shard, ShardedTensor
 from torchrec import EmbeddingBagCollection
 from torchrec.distributed import DistributedModelParallel
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
@@ -20,6 +22,7 @@ from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterCons
 from torchrec.distributed.types import ShardingPlan
 
 CPU_SHARDING = ("table_wise", "column_wise", "table_column_wise", "data_parallel")
+GPU_ONLY_SHARDING = ("row_wise", "table_row_wise")  # reduce-scatter: nccl has it, gloo does not
 
 # fbgemm's CPU kernel for data-parallel ("dense") tables runs its own autograd function under the
 # CPU key, so PyTorch's fallback warns that no Autograd kernel is registered; the gradients are
@@ -40,34 +43,95 @@ def _quiet_torchrec_root(record: logging.LogRecord) -> bool:
 logging.getLogger().addFilter(_quiet_torchrec_root)
 
 
-def init_process_group() -> tuple[int, int, bool]:
-    """Join torchrun's group, or make a private world of one. Returns (rank, world, created)."""
+def choose_device(choice: str = "auto") -> torch.device:
+    """`training.device`: auto = cuda when torch sees a GPU, else cpu. Under torchrun each rank
+    takes the GPU of its LOCAL_RANK."""
+    if choice == "auto":
+        choice = "cuda" if torch.cuda.is_available() else "cpu"
+    if choice == "cpu":
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise RuntimeError("training.device is cuda but torch.cuda.is_available() is False: install the GPU "
+                           "stack (LATTICE_GPU=1 infra/setup.sh) or set training.device to auto or cpu")
+    return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+
+
+def backend_for(device: torch.device) -> str:
+    return "nccl" if device.type == "cuda" else "gloo"
+
+
+def init_process_group(device: torch.device | None = None, timeout_s: float = 600) -> tuple[int, int, bool]:
+    """Join torchrun's group, or make a private world of one. Returns (rank, world, created).
+    `timeout_s` bounds a collective whose peer has gone (a killed rank), so the survivors fail
+    instead of waiting gloo's default 30 minutes."""
     if dist.is_initialized():
         return dist.get_rank(), dist.get_world_size(), False
+    device = device or torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    backend, timeout = backend_for(device), timedelta(seconds=timeout_s)
     if "WORLD_SIZE" in os.environ and int(os.environ["WORLD_SIZE"]) > 1:
-        dist.init_process_group("gloo")
+        dist.init_process_group(backend, timeout=timeout)
     else:
-        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
     return dist.get_rank(), dist.get_world_size(), True
 
 
-def sharding_types(requested: list[str]) -> list[str]:
-    """Row-wise kinds need CUDA (gloo lacks reduce-scatter); on CPU keep the rest."""
-    if torch.cuda.is_available():
+def sharding_types(requested: list[str], device: torch.device | str | None = None) -> list[str]:
+    """The requested kinds the device can run: row-wise kinds need CUDA (gloo lacks
+    reduce-scatter); on CPU keep the rest. `device` None: cuda if torch sees one (the old rule)."""
+    on_cuda = torch.cuda.is_available() if device is None else torch.device(device).type == "cuda"
+    if on_cuda:
         return list(requested)
     kept = [t for t in requested if t in CPU_SHARDING]
     return kept or ["table_wise", "data_parallel"]
 
 
-def make_plan(model: nn.Module, world: int, types: list[str]) -> ShardingPlan:
-    tables = [c.name for m in model.modules() if isinstance(m, EmbeddingBagCollection) for c in m.embedding_bag_configs()]
-    constraints = {t: ParameterConstraints(sharding_types=types) for t in tables}
-    planner = EmbeddingShardingPlanner(topology=Topology(world_size=world, compute_device="cpu"), constraints=constraints)
+def to_device(batch: Any, device: torch.device) -> Any:
+    """The batch's tensors (and its KeyedJaggedTensor) on `device`; a no-op on CPU."""
+    if device.type == "cpu":
+        return batch
+
+    def move(v: Any) -> Any:
+        if isinstance(v, dict):
+            return {k: move(x) for k, x in v.items()}
+        return v.to(device, non_blocking=True) if hasattr(v, "to") and not isinstance(v, (str, bytes)) else v
+
+    return replace(batch, **{f.name: move(getattr(batch, f.name)) for f in fields(batch) if f.name != "example_ids"})
+
+
+def table_names(model: nn.Module) -> list[str]:
+    return [c.name for m in model.modules() if isinstance(m, EmbeddingBagCollection) for c in m.embedding_bag_configs()]
+
+
+def planner_for(model: nn.Module, world: int, types: list[str], device: torch.device | str = "cpu",
+                pinned: dict[str, str] | None = None, local_world: int | None = None) -> EmbeddingShardingPlanner:
+    """The planner for `world` ranks of `device`. `pinned` (table -> sharding type, from a
+    checkpoint's plan) keeps each table's kind on a resume at another world size: a table's
+    optimizer state has the layout of its kind (Adam on a data-parallel copy, a row-wise momentum
+    on a sharded one), and DCP reshards within one layout, not across them."""
+    on_cpu = torch.device(device).type == "cpu"
+    # a GPU run's row-wise table resumes table-wise on CPU: both keep one momentum row per table row
+    pinned = {t: "table_wise" if on_cpu and k in GPU_ONLY_SHARDING else k for t, k in (pinned or {}).items()}
+    constraints = {t: ParameterConstraints(sharding_types=[pinned[t]] if t in pinned else types) for t in table_names(model)}
+    topology = Topology(world_size=world, compute_device=torch.device(device).type,
+                        local_world_size=local_world or int(os.environ.get("LOCAL_WORLD_SIZE", world)))
+    return EmbeddingShardingPlanner(topology=topology, constraints=constraints)
+
+
+def make_plan(model: nn.Module, world: int, types: list[str], device: torch.device | str = "cpu",
+              pinned: dict[str, str] | None = None) -> ShardingPlan:
+    planner = planner_for(model, world, types, device, pinned)
     return planner.collective_plan(model, [EmbeddingBagCollectionSharder()], dist.GroupMember.WORLD)
 
 
-def wrap(model: nn.Module, plan: ShardingPlan) -> DistributedModelParallel:
-    return DistributedModelParallel(model, device=torch.device("cpu"), plan=plan, sharders=[EmbeddingBagCollectionSharder()])
+def wrap(model: nn.Module, plan: ShardingPlan, device: torch.device | str = "cpu") -> DistributedModelParallel:
+    return DistributedModelParallel(model, device=torch.device(device), plan=plan, sharders=[EmbeddingBagCollectionSharder()])
+
+
+def plan_types(plan_json: dict[str, Any]) -> dict[str, str]:
+    """table -> sharding type, from `plan_to_json`'s output (keys are module.table)."""
+    return {k.rsplit(".", 1)[-1]: v["sharding_type"] for k, v in plan_json.items()}
 
 
 def plan_to_json(plan: ShardingPlan) -> dict[str, Any]:
@@ -88,46 +152,48 @@ def plan_to_json(plan: ShardingPlan) -> dict[str, Any]:
 # ---------------------------------------------------------------- state in and out
 
 
-def local_state(obj: Any) -> Any:
-    """Copy of a (nested) state dict holding only this rank's data: a ShardedTensor becomes the
-    list of its local shard tensors."""
-    if isinstance(obj, ShardedTensor):
-        return [s.tensor.detach().clone() for s in obj.local_shards()]
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().clone()
-    if isinstance(obj, dict):
-        return {k: local_state(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(local_state(v) for v in obj)
-    return obj
+def clone_state(state: dict[str, Any]) -> dict[str, Any]:
+    """A detached copy of a model state dict that keeps each ShardedTensor a ShardedTensor (its
+    local shards cloned, its global metadata shared), so it can go into a DCP checkpoint."""
+    out: dict[str, Any] = {}
+    for k, v in state.items():
+        if isinstance(v, ShardedTensor):
+            shards = [Shard(s.tensor.detach().clone(), s.metadata) for s in v.local_shards()]
+            out[k] = ShardedTensor._init_from_local_shards_and_global_metadata(
+                shards, v.metadata(), process_group=v._process_group)
+        elif isinstance(v, torch.Tensor):
+            out[k] = v.detach().clone()
+        else:
+            out[k] = v
+    return out
 
 
-def copy_local_state(live: Any, saved: Any, where: str = "") -> None:
-    """In-place copy of `local_state` output back into a live state dict (whose tensors are views
-    of the parameters and fused optimizer states)."""
-    if isinstance(live, ShardedTensor):
-        for shard, t in zip(live.local_shards(), saved):
-            shard.tensor.detach().copy_(t)
-    elif isinstance(live, torch.Tensor):
-        live.detach().copy_(saved)
-    elif isinstance(live, dict):
-        missing = set(live) - set(saved)
-        if missing:
-            raise ValueError(f"checkpoint lacks {sorted(missing)[:5]} at {where or 'top level'}: it belongs to another model or plan")
-        for k in live:
-            copy_local_state(live[k], saved[k], f"{where}.{k}")
+def copy_state(live: dict[str, Any], saved: dict[str, Any]) -> None:
+    """In-place copy of a `clone_state` copy back into a live state dict (whose tensors are views
+    of the parameters)."""
+    missing = set(live) - set(saved)
+    if missing:
+        raise ValueError(f"saved weights lack {sorted(missing)[:5]}: they belong to another model or plan")
+    for k, v in live.items():
+        if isinstance(v, ShardedTensor):
+            for shard, src in zip(v.local_shards(), saved[k].local_shards()):
+                shard.tensor.detach().copy_(src.tensor)
+        elif isinstance(v, torch.Tensor):
+            v.detach().copy_(saved[k])
 
 
 def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor] | None:
     """The unsharded state dict on rank 0 (None on other ranks). Collective: every rank calls it."""
     rank = dist.get_rank()
+    # nccl gathers into GPU memory only
+    here = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
     out: dict[str, torch.Tensor] = {}
     for k, v in model.state_dict().items():
         if isinstance(v, ShardedTensor):
-            full = torch.empty(v.size(), dtype=v.dtype) if rank == 0 else None
+            full = torch.empty(v.size(), dtype=v.dtype, device=here) if rank == 0 else None
             v.gather(dst=0, out=full)
             if rank == 0:
-                out[k] = full
+                out[k] = full.cpu()
         elif isinstance(v, torch.Tensor):
-            out[k] = v.detach().clone()
+            out[k] = v.detach().cpu().clone()
     return out if rank == 0 else None

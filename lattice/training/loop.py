@@ -36,7 +36,7 @@ from lattice.models.saved import rebuild, saved_blob
 from lattice.models.cost import model_cost
 from lattice.models.remap import table_capacity_notes
 from lattice.progress import progress_bar
-from lattice.training import calibration
+from lattice.training import calibration, checkpoint
 from lattice.training import distributed as D
 from lattice.training.fp8_run import Fp8Run
 from lattice.training.loss import mdmo_loss
@@ -66,11 +66,16 @@ class TrainState:
     steps: list = field(default_factory=list)  # [global_step, mean loss] every few steps, for curves
 
 
+def _collective_device() -> torch.device:
+    """Where a collective's tensors must live: nccl reduces GPU tensors only."""
+    return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+
+
 def _all_have(batch, world: int) -> bool:
     """Ranks may hold a different number of batches; all stop when the first runs dry."""
     if world == 1:
         return batch is not None
-    flag = torch.tensor([1 if batch is not None else 0])
+    flag = torch.tensor([1 if batch is not None else 0], device=_collective_device())
     dist.all_reduce(flag, op=dist.ReduceOp.MIN)
     return bool(flag.item())
 
@@ -78,7 +83,7 @@ def _all_have(batch, world: int) -> bool:
 def _any_have(batch, world: int) -> bool:
     if world == 1:
         return batch is not None
-    flag = torch.tensor([1 if batch is not None else 0])
+    flag = torch.tensor([1 if batch is not None else 0], device=_collective_device())
     dist.all_reduce(flag, op=dist.ReduceOp.MAX)
     return bool(flag.item())
 
@@ -94,10 +99,10 @@ def _stand_in(config: PlatformConfig, n_dense: int) -> Batch:
 
 
 def _sum(values: list[float]) -> list[float]:
-    t = torch.tensor(values, dtype=torch.float64)
+    t = torch.tensor(values, dtype=torch.float64, device=_collective_device())
     if dist.get_world_size() > 1:
         dist.all_reduce(t)
-    return t.tolist()
+    return t.cpu().tolist()
 
 
 class Trainer:
@@ -106,7 +111,12 @@ class Trainer:
         self.config: PlatformConfig = spec.platform()
         self.paths = spec.paths()
         self.dir = self.paths.model_dir(spec.model)
-        self.rank, self.world, self.own_group = D.init_process_group()
+        tr = self.config.training
+        self.device = D.choose_device(tr.device)
+        self.rank, self.world, self.own_group = D.init_process_group(self.device, tr.collective_timeout_s)
+        # a resume reads the checkpoint's plan first: the new plan keeps each table's kind
+        self.resume_from = checkpoint.latest(self.dir / "checkpoint") if spec.resume else None
+        self.resume_meta = checkpoint.read_meta(self.resume_from) if self.resume_from else None
         self.stats = DenseStats.load(self.dir / "dense_stats.json")
         self.n_dense = len(self.stats.columns)
         self.kind = kind_of(spec.model)
@@ -118,20 +128,20 @@ class Trainer:
         if self.stats.label_rates:
             model.set_output_bias(self.stats.label_rates)
         fit_numeric(model, self.stats)  # the numeric encoders' bin edges (none: a no-op)
-        tr = self.config.training
         tables = [p for m in model.modules() if isinstance(m, EmbeddingBagCollection) for p in m.parameters()]
         # the table update runs inside backward (fused with the gradient in the sharded kernel)
         apply_optimizer_in_backward(SPARSE_OPTIMIZERS[tr.sparse_optimizer], tables, {"lr": tr.lr_sparse})
         self.fp8 = Fp8Run(self.config, self.kind, model, self.rank, self.world)
-        self.plan = D.make_plan(model, self.world, D.sharding_types(tr.sharding_types))
+        pinned = self.resume_meta["plan"] if self.resume_meta else None
+        self.plan = D.make_plan(model, self.world, D.sharding_types(tr.sharding_types, self.device), self.device, pinned)
         self.plan_json = D.plan_to_json(self.plan)
         if self.rank == 0:
-            print(f"[lattice] sharding plan ({self.world} rank(s)):\n{self.plan}", flush=True)
+            print(f"[lattice] sharding plan ({self.world} rank(s), {self.device.type}):\n{self.plan}", flush=True)
             if self.kind != "student":  # the student's tables are scaled down on purpose (table_scale)
                 for note in table_capacity_notes(self.config, self.stats.distinct_ids, self.stats.merged_ids):
                     print(f"[lattice] note: {note}", flush=True)
             (self.dir / "plan.json").write_text(json.dumps(self.plan_json, indent=1))
-        self.model = D.wrap(model, self.plan)
+        self.model = D.wrap(model, self.plan, self.device)
         dense = [p for _, p in in_backward_optimizer_filter(self.model.named_parameters())]
         self.dense_opt = torch.optim.Adam(dense, lr=tr.lr_dense)
         train_rows = table_rows(Path(spec.table)) * (1 - tr.validation_fraction - tr.test_fraction)
@@ -150,39 +160,13 @@ class Trainer:
                            with_truth=with_truth)
 
     # ------------------------------------------------------------ checkpoints
-    def _ckpt(self) -> Path:
-        return self.dir / "checkpoint" / f"rank{self.rank}.pt"
-
     def save_checkpoint(self) -> None:
-        blob = {
-            "world_size": self.world, "model": D.local_state(self.model.state_dict()),
-            "fused_opt": D.local_state(self.model.fused_optimizer.state_dict()),
-            "dense_opt": self.dense_opt.state_dict(), "state": asdict(self.state), "best": self.best,
-            "rng": torch.get_rng_state(), "fp8": self.fp8.state(),
-        }
-        path = self._ckpt()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        torch.save(blob, tmp)
-        tmp.replace(path)  # a crash mid-write never leaves a half checkpoint
-        if self.world > 1:
-            dist.barrier()
+        checkpoint.save(self)
 
     def load_checkpoint(self) -> bool:
-        path = self._ckpt()
-        if not path.exists():
+        if self.resume_from is None:
             return False
-        blob = torch.load(path, weights_only=False)
-        if blob["world_size"] != self.world:
-            raise ValueError(f"checkpoint {path.parent} was written by {blob['world_size']} rank(s); resume with "
-                             f"--nproc {blob['world_size']} or train from scratch without --resume")
-        D.copy_local_state(self.model.state_dict(), blob["model"])
-        D.copy_local_state(self.model.fused_optimizer.state_dict(), blob["fused_opt"])
-        self.dense_opt.load_state_dict(blob["dense_opt"])
-        self.state = TrainState(**blob["state"])
-        self.best = blob["best"]
-        torch.set_rng_state(blob["rng"])
-        self.fp8.load(blob.get("fp8"))
+        checkpoint.load(self, self.resume_from, self.resume_meta)
         return True
 
     # ------------------------------------------------------------ epochs
@@ -203,6 +187,7 @@ class Trainer:
             batch = next(it, None)
             if not _all_have(batch, self.world):
                 break
+            batch = D.to_device(batch, self.device)
             logits = self.model(batch.dense, batch.sparse, batch.domain)
             loss = mdmo_loss(self.config, logits, batch).total
             self.dense_opt.zero_grad()
@@ -267,7 +252,7 @@ class Trainer:
                          "val_ne": val, "val_macro_ne": macro})
         if macro < st.best_ne:
             st.best_ne, st.best_epoch, st.best_step, st.bad_evals = macro, st.epoch + 1, st.global_step, 0
-            self.best = D.local_state(self.model.state_dict())
+            self.best = D.clone_state(self.model.state_dict())
         else:
             st.bad_evals += 1
         st.eval_seconds += time.perf_counter() - t
@@ -299,8 +284,9 @@ class Trainer:
             if not _any_have(batch, self.world):
                 break
             if batch is None:
-                self.model(*_stand_in(self.config, self.n_dense).inputs())
+                self.model(*D.to_device(_stand_in(self.config, self.n_dense), self.device).inputs())
                 continue
+            batch = D.to_device(batch, self.device)
             logits = self.model(batch.dense, batch.sparse, batch.domain)
             for i, (d, o) in enumerate(cells):
                 sel = (batch.domain == dom[d]) & (batch.masks[o] > 0)
@@ -351,12 +337,12 @@ class Trainer:
             if not _any_have(batch, self.world):
                 break
             if batch is None:  # keep joining the collectives until every rank has scored all its rows
-                self.model(*_stand_in(self.config, self.n_dense).inputs())
+                self.model(*D.to_device(_stand_in(self.config, self.n_dense), self.device).inputs())
                 continue
-            logits = self.model(batch.dense, batch.sparse, batch.domain)
+            logits = self.model(*D.to_device(batch, self.device).inputs())  # batch itself stays on the CPU
             f = {"example_id": batch.example_ids, "domain": np.array(self.config.domain_names)[batch.domain.numpy()]}
             for o in objs:
-                f[f"z_{o}"] = logits[o].numpy()
+                f[f"z_{o}"] = logits[o].cpu().numpy()
                 f[f"label_{o}"] = batch.labels[o].numpy()
                 f[f"mask_{o}"] = batch.masks[o].numpy()
                 if batch.truth is not None:
@@ -415,7 +401,7 @@ class Trainer:
 
     def finish(self) -> dict | None:
         if self.best is not None:
-            D.copy_local_state(self.model.state_dict(), self.best)
+            D.copy_state(self.model.state_dict(), self.best)
         if self.spec.validation_only:
             return self.finish_validation_only()
         self.fp8.finish()

@@ -1,9 +1,10 @@
 """Stages `train` and `score` (see lattice/stages.py).
 
 `train` fits the dense stats on the train split, writes a run spec and runs the per-rank loop:
-in this process for one rank, under `torchrun --nproc_per_node=N` (gloo on CPU) for more.
-Everything lands in `paths.model_dir(model)`: model.pt, checkpoint/, plan.json, history.json,
-metrics.json, predictions.parquet (test split), summary.json.
+in this process for one rank, under torchrun for more (lattice/training/launch.py: one node in
+the embedded profile, several with the scale-out profile's torchrun section).
+Everything lands in `paths.model_dir(model)`: model.pt, checkpoint/ (DCP, see checkpoint.py),
+plan.json, history.json, metrics.json, predictions.parquet (test split), summary.json.
 """
 
 from __future__ import annotations
@@ -11,9 +12,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
-import socket
-import sys
 import time
 from pathlib import Path
 
@@ -22,33 +22,33 @@ import pandas as pd
 from lattice.config import PlatformConfig
 from lattice.data.loader import BatchLoader, find_table, fit_dense_stats
 from lattice.data.split import SPLITS
+from lattice.deploy.profile import ProfileError
 from lattice.models import kind_of
 from lattice.models.build import GBDT_KINDS
 from lattice.paths import Paths
 from lattice.progress import progress_bar
 from lattice.relay import run_child
+from lattice.training import checkpoint, launch
 from lattice.training.spec import RunSpec
 
 log = logging.getLogger("lattice.training.ranks")  # what torchrun's ranks write, off a terminal
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def train(config: PlatformConfig, paths: Paths, model: str = "teacher", nproc: int | None = None, epochs: int | None = None,
           teacher_scores: str | Path | None = None, seed: int | None = None, resume: bool = False,
           checkpoint_every: int | None = None, stop_after: int | None = None, progress: bool = True,
-          validation_only: bool = False) -> dict:
+          validation_only: bool = False, node_rank: int | None = None, resume_hint: str | None = None) -> dict:
     """Train one model (teacher | student | separate | pooled | mmoe | shared_bottom | gbdt |
     gbdt_cell, optionally 'kind@tag'). `teacher_scores`: parquet of example_id + p_<objective>
     (distillation). The LightGBM baselines go to lattice.training.gbdt_stage before any torch
     code: they have no epochs or ranks (`nproc` and `epochs` do not apply: their rounds stop early on
     the validation split, their threads are models.baselines.trees.num_threads). `validation_only`
     (`lattice tune`): the run ends at its best validation, reads no test row and writes no model.pt
-    or metrics.json; the summary's `val_macro_ne` / `val_ne` are the validation figures."""
+    or metrics.json; the summary's `val_macro_ne` / `val_ne` are the validation figures.
+    `node_rank` (scale-out profile, a real cluster): start only this node's torchrun; node 0's
+    result is the summary, other nodes return {"node_rank": i}. `resume_hint`: the command a
+    failed run names to resume (the CLI passes its own; default: built from the arguments).
+    A rank that dies raises `launch.RankFailed`, naming the rank, its node and that command."""
     if kind_of(model) in GBDT_KINDS:
         if validation_only:
             raise ValueError(f"{model!r} is a LightGBM baseline: validation_only (lattice tune) covers the deep models")
@@ -64,17 +64,16 @@ def train(config: PlatformConfig, paths: Paths, model: str = "teacher", nproc: i
     if teacher_scores is not None and not Path(teacher_scores).exists():
         raise FileNotFoundError(f"teacher scores {teacher_scores} do not exist; make them with "
                                 f"lattice.training.stages.score(config, paths, 'teacher')")
-    if resume and not any((out / "checkpoint").glob("rank*.pt")):
-        raise FileNotFoundError(f"--resume: no checkpoint of {model!r} under {out / 'checkpoint'}; "
-                                "train without --resume to start from scratch")
-    if not resume:
+    if resume:
+        checkpoint.check_resumable(out / "checkpoint", model)
+    elif not node_rank:  # node 0 (or the only one) owns the folder; other nodes may share it
         shutil.rmtree(out / "checkpoint", ignore_errors=True)
     for stale in ("summary.json",):
         (out / stale).unlink(missing_ok=True)
     stats_path = out / "dense_stats.json"
     if not (resume and stats_path.exists()):
         fit_dense_stats(config, table).save(stats_path)
-    n = nproc or config.training.nproc
+    lay = launch.layout(config, nproc, run_id=re.sub(r"[^A-Za-z0-9_-]", "-", f"lattice-{config.name}-{model}"))
     spec = RunSpec(
         config=config.model_dump(mode="json"), workdir=str(paths.workdir), data_root=str(paths.data_root), model=model,
         epochs=epochs or config.training.epochs, seed=config.training.seed if seed is None else seed, table=str(table),
@@ -84,27 +83,44 @@ def train(config: PlatformConfig, paths: Paths, model: str = "teacher", nproc: i
     )
     spec_path = spec.save(out / "run_spec.json")
     started = time.perf_counter()
-    if n == 1:
+    if lay.world == 1 and lay.rdzv_endpoint is None:
         from lattice.training.loop import run
 
         result = run(spec)
         if result.get("interrupted"):
             return result
     else:
-        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={n}", "--nnodes=1",
-               "--master_addr=127.0.0.1", f"--master_port={_free_port()}", "-m", "lattice.training.worker", str(spec_path)]
-        env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-        code, tail = run_child(cmd, env, log)
-        if code != 0:
-            last = "\nlast lines of the ranks' stderr:\n" + "\n".join(tail) if tail else ""
-            raise RuntimeError(f"torchrun training of {model!r} on {n} ranks failed (exit {code}); "
-                               f"see the rank logs above. Command: {' '.join(cmd)}{last}")
+        own_workdir = None if paths.workdir == Paths.for_config(config).workdir else paths.workdir
+        hint = resume_hint or launch.resume_command(config, model, nproc, epochs, own_workdir)
+        _run_torchrun(lay, spec_path, model, hint, node_rank)
+        if node_rank:
+            return {"node_rank": node_rank, "model": model}
         if not (out / "summary.json").exists():
             return {"interrupted": True, "model": model}
     summary = json.loads((out / "summary.json").read_text())
     summary["seconds"] = time.perf_counter() - started
     summary["model_dir"] = str(out)
     return summary
+
+
+def _run_torchrun(lay: launch.Launch, spec_path: Path, model: str, hint: str, node_rank: int | None) -> None:
+    """Start this run's node launchers (all of them here, or only `node_rank`'s) and raise
+    `launch.RankFailed` when a rank dies."""
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    if node_rank is not None and not 0 <= node_rank < lay.nnodes:
+        raise ProfileError(f"--node-rank {node_rank}: the deployment profile has {lay.nnodes} node(s) (0..{lay.nnodes - 1})")
+    if lay.local_nodes and node_rank is None:
+        results = launch.run_nodes([lay.command(spec_path, i) for i in range(lay.nnodes)], env, log)
+        nodes = list(range(lay.nnodes))
+    else:
+        cmd = lay.command(spec_path, node_rank or 0)
+        results, nodes = [run_child(cmd, env, log)], [node_rank or 0]
+    failures = [f for (code, tail), i in zip(results, nodes) if code != 0 and (f := launch.failure_from(tail, i))]
+    codes = [code for code, _ in results if code != 0]
+    if codes:
+        tails = [line for code, tail in results if code != 0 for line in tail]
+        last = "\nlast lines of the ranks' stderr:\n" + "\n".join(tails[-40:]) if tails else ""
+        raise launch.RankFailed(model, lay, launch.pick(failures), codes[0], hint, last)
 
 
 def score(config: PlatformConfig, paths: Paths, model: str, split: str = "all", out: str | Path | None = None,

@@ -5,6 +5,7 @@ that rebuilds the model; `fp8.enabled: false` leaves training bit-equal to the F
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -66,14 +67,27 @@ def test_fp8_plan_is_made_after_warmup_recorded_and_rebuilt(setup) -> None:
     assert any(not torch.equal(plain[k], saved.blob["state_dict"][k]) for k in plain)
 
 
+def _checkpointed_fp8(root: Path) -> dict:
+    """Rank 0's FP8 state in the newest checkpoint under `root` (DCP, read without a process group)."""
+    import io
+
+    import torch.distributed.checkpoint as dcp
+
+    from lattice.training import checkpoint
+
+    box = {"loop.rank0": {"state": "", "rng": torch.get_rng_state(), "fp8": b""}}
+    dcp.load(box, checkpoint_id=str(checkpoint.latest(root)), no_dist=True)
+    return torch.load(io.BytesIO(box["loop.rank0"]["fp8"]), weights_only=False)
+
+
 def test_fp8_run_resumes_exactly(setup) -> None:
     cfg, paths = setup
     on = _with_fp8(cfg, enabled=True, warmup_steps=4, probe_every=1, max_relative_error=0.08)
     train(on, paths, model="teacher@fa", nproc=1, epochs=1, progress=False)
     cut = train(on, paths, model="teacher@fb", nproc=1, epochs=1, stop_after=6, progress=False)
     assert cut["interrupted"]
-    ckpt = torch.load(paths.model_dir("teacher@fb") / "checkpoint" / "rank0.pt", weights_only=False)
-    assert ckpt["fp8"]["plan"] is not None  # cut after the warm-up: the plan travels in the checkpoint
+    assert _checkpointed_fp8(paths.model_dir("teacher@fb") / "checkpoint")["plan"] is not None  # cut after
+    # the warm-up: the plan travels in the checkpoint
     train(on, paths, model="teacher@fb", nproc=1, epochs=1, resume=True, progress=False)
     a, b = _weights(paths, "teacher@fa"), _weights(paths, "teacher@fb")
     assert all(torch.equal(a[k], b[k]) for k in a)

@@ -42,16 +42,6 @@ def test_resume_equals_uninterrupted(setup) -> None:
     assert fresh["interrupted"]
 
 
-def test_resume_needs_the_same_rank_count(setup) -> None:
-    cfg, paths = setup
-    train(cfg, paths, model="pooled", nproc=1, epochs=1, stop_after=2, progress=False)
-    blob = torch.load(paths.model_dir("pooled") / "checkpoint" / "rank0.pt", weights_only=False)
-    blob["world_size"] = 2
-    torch.save(blob, paths.model_dir("pooled") / "checkpoint" / "rank0.pt")
-    with pytest.raises(ValueError, match="written by 2 rank"):
-        train(cfg, paths, model="pooled", nproc=1, epochs=1, resume=True, progress=False)
-
-
 def test_teacher_scores_feed_the_student(setup) -> None:
     cfg, paths = setup
     if not (paths.model_dir("teacher@a") / "model.pt").exists():

@@ -1,0 +1,180 @@
+"""How `train` starts its ranks under torchrun, and what it says when one of them dies.
+
+Embedded profile: one `torchrun --nnodes=1 --master_addr=127.0.0.1` on this machine, as always.
+Scale-out profile: `services(config).torchrun` gives nnodes, ranks per node and the c10d
+rendezvous endpoint; each node runs `torchrun --nnodes N --node-rank i --rdzv-backend c10d ...`.
+With `local_nodes` every node's launcher starts here (loopback "nodes", for tests and trials);
+otherwise `lattice train CONFIG --node-rank i` starts node i on the machine it runs on.
+
+torchrun ends its other ranks when one dies (`--max-restarts 0`) and prints a "Root Cause"
+summary naming the global rank, its local rank and exit code; `failure_from` reads it back so
+the error names the rank, its node and the command that resumes from the last checkpoint.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import shlex
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+
+from lattice.relay import ENV, _kill_tree, _pump, is_terminal
+
+# after the first node launcher fails, the others get this long to notice and exit on their own
+# (a killed peer closes its sockets, so gloo fails them within seconds) before they are killed
+NODE_GRACE_S = 30.0
+
+_ROOT = re.compile(r"rank\s*:\s*(\d+) \(local_rank: (\d+)\)\s*\n\s*exitcode\s*:\s*(-?\d+)")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass(frozen=True)
+class Launch:
+    """The torchrun layout of one run."""
+
+    nnodes: int
+    nproc_per_node: int
+    rdzv_endpoint: str | None  # None: embedded (master on a free loopback port)
+    local_nodes: bool
+    run_id: str
+
+    @property
+    def world(self) -> int:
+        return self.nnodes * self.nproc_per_node
+
+    def command(self, spec_path: Path, node_rank: int = 0) -> list[str]:
+        head = [sys.executable, "-m", "torch.distributed.run"]
+        tail = ["-m", "lattice.training.worker", str(spec_path)]
+        if self.rdzv_endpoint is None:  # the embedded command of every release so far
+            return head + [f"--nproc_per_node={self.nproc_per_node}", "--nnodes=1", "--master_addr=127.0.0.1",
+                           f"--master_port={free_port()}"] + tail
+        opts = ["--nnodes", str(self.nnodes), "--node-rank", str(node_rank), "--rdzv-backend", "c10d",
+                "--rdzv-endpoint", self.rdzv_endpoint, "--rdzv-id", self.run_id,
+                "--nproc-per-node", str(self.nproc_per_node), "--max-restarts", "0"]
+        if self.local_nodes:
+            # node 0 hosts the rendezvous store (not whichever launcher binds first) and every
+            # node's workers bind to loopback
+            opts += ["--rdzv-conf", f"is_host={int(node_rank == 0)}", "--local-addr", "127.0.0.1"]
+        return head + opts + tail
+
+
+def layout(config, nproc: int | None, run_id: str) -> Launch:
+    """The run's layout from the deployment profile; `nproc` (--nproc) sets the ranks per node."""
+    from lattice.deploy.profile import ProfileError, services
+
+    tr = services(config).torchrun
+    if not services(config).scale_out:
+        return Launch(1, nproc or config.training.nproc, None, False, run_id)
+    per_node = nproc or tr.nproc_per_node or config.training.nproc
+    endpoint = tr.rdzv_endpoint or (f"127.0.0.1:{free_port()}" if tr.local_nodes or tr.nnodes == 1 else None)
+    if endpoint is None:
+        raise ProfileError("the scale-out profile's torchrun.rdzv_endpoint is empty: a multi-node run needs the "
+                         "host:port of its c10d rendezvous (one of the nodes, reachable from all)")
+    return Launch(tr.nnodes, per_node, endpoint, tr.local_nodes, run_id)
+
+
+@dataclass(frozen=True)
+class Failure:
+    rank: int
+    local_rank: int
+    exitcode: int
+    node: int | None
+
+    def describe(self, per_node: int) -> str:
+        node = self.node if self.node is not None else self.rank // max(per_node, 1)
+        how = f"killed by signal {-self.exitcode}" if self.exitcode < 0 else f"exit code {self.exitcode}"
+        return f"rank {self.rank} (node {node}, local rank {self.local_rank}) died: {how}"
+
+
+def failure_from(tail: list[str], node: int | None = None) -> Failure | None:
+    """The root-cause rank of torchrun's failure summary in `tail` (its stderr's last lines)."""
+    found = [Failure(int(m[1]), int(m[2]), int(m[3]), node) for m in _ROOT.finditer("\n".join(tail))]
+    return found[-1] if found else None
+
+
+def pick(failures: list[Failure]) -> Failure | None:
+    """The rank that died first in spirit: one killed by a signal over one that failed because a
+    peer vanished (which exits with 1 from the broken collective)."""
+    return next((f for f in failures if f.exitcode < 0), failures[0] if failures else None)
+
+
+class RankFailed(RuntimeError):
+    """A torchrun rank died; the message names it and how to resume."""
+
+    def __init__(self, model: str, launch: Launch, failure: Failure | None, code: int, resume: str, detail: str = ""):
+        self.model, self.launch, self.failure, self.code, self.resume = model, launch, failure, code, resume
+        who = failure.describe(launch.nproc_per_node) if failure else "a rank failed (see the rank logs above)"
+        super().__init__(f"torchrun training of {model!r} on {launch.world} ranks ({launch.nnodes} node(s)) failed "
+                         f"(exit {code}): {who}. Resume from the last checkpoint with: {resume}{detail}")
+
+
+def resume_command(config, model: str, nproc: int | None, epochs: int | None, workdir: Path | None) -> str:
+    """`lattice train CONFIG --model M --resume [...]` for this run (the CLI passes its own argv
+    instead, so `--set` overrides carry over)."""
+    cmd = ["lattice", "train", config.source_file or "CONFIG", "--model", model, "--resume"]
+    if nproc:
+        cmd += ["--nproc", str(nproc)]
+    if epochs:
+        cmd += ["--epochs", str(epochs)]
+    if workdir is not None:
+        cmd += ["--workdir", str(workdir)]
+    return shlex.join(cmd)
+
+
+def _tee(stream, tail: deque[str]) -> None:
+    for line in stream:
+        sys.stderr.write(line)
+        tail.append(line.rstrip("\n"))
+
+
+def run_nodes(cmds: list[list[str]], env: dict[str, str], log: logging.Logger,
+              tail_lines: int = 80) -> list[tuple[int, list[str]]]:
+    """Run every node's launcher here at once; returns (exit code, stderr tail) per node. When
+    one fails the others get NODE_GRACE_S to exit, then their process trees are killed, so no
+    rank is left behind."""
+    relayed = not is_terminal(sys.stderr)
+    procs, tails, pumps = [], [], []
+    for i, cmd in enumerate(cmds):
+        tail: deque[str] = deque(maxlen=tail_lines)
+        if relayed:  # as lattice.relay.run_child: each line through logging at its own level
+            p = subprocess.Popen(cmd, env={**env, ENV: "1", "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True, errors="replace", start_new_session=True)
+            node_log = log.getChild(f"node{i}")
+            pumps += [threading.Thread(target=_pump, args=(p.stdout, node_log, logging.INFO, None), daemon=True),
+                      threading.Thread(target=_pump, args=(p.stderr, node_log, logging.WARNING, tail), daemon=True)]
+        else:  # a terminal sees the ranks as they write; stderr is copied for the failure summary
+            p = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True, errors="replace", start_new_session=True)
+            pumps.append(threading.Thread(target=_tee, args=(p.stderr, tail), daemon=True))
+        procs.append(p)
+        tails.append(tail)
+    for t in pumps:
+        t.start()
+    deadline = None
+    try:
+        while any(p.poll() is None for p in procs):
+            if deadline is None and any(p.returncode not in (None, 0) for p in procs):
+                deadline = time.monotonic() + NODE_GRACE_S
+            if deadline is not None and time.monotonic() > deadline:
+                for p in procs:
+                    if p.poll() is None:
+                        _kill_tree(p)
+            time.sleep(0.2)
+    except BaseException:
+        for p in procs:
+            _kill_tree(p)
+        raise
+    for t in pumps:
+        t.join(timeout=5)
+    return [(p.returncode, list(t)) for p, t in zip(procs, tails)]
