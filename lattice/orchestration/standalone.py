@@ -16,9 +16,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from lattice.orchestration.airflow_env import free_port, local_airflow_env, venv_bin
+from lattice.orchestration.airflow_users import EMBEDDED_USERS, ensure_passwords
 from lattice.orchestration.locations import project_root
 
 STATE_FILE = "lattice-standalone.json"
+PASSWORDS_FILE = "simple_auth_manager_passwords.json.generated"
 COMPONENTS = ("metadatabase", "scheduler", "triggerer", "dag_processor")
 
 
@@ -40,10 +42,13 @@ class Standalone:
 
     def credentials(self) -> tuple[str, str]:
         """(user, password) Airflow generated for the simple auth manager on first start."""
-        file = Path(self.home) / "simple_auth_manager_passwords.json.generated"
-        users = json.loads(file.read_text())
+        users = json.loads(self.passwords_file.read_text())
         user = "admin" if "admin" in users else next(iter(users))
         return user, users[user]
+
+    @property
+    def passwords_file(self) -> Path:
+        return Path(self.home) / PASSWORDS_FILE
 
     def alive(self) -> bool:
         try:
@@ -75,6 +80,9 @@ def start(home: Path | None = None, *, port: int = 8080, host: str = "127.0.0.1"
         raise RuntimeError(f"airflow standalone already runs from {home} at {current.url} (pid {current.pid}); "
                            "stop it with `lattice airflow --stop`")
     home.mkdir(parents=True, exist_ok=True)
+    # written by us, owner-only, before Airflow starts: Airflow then finds the admin's password
+    # and never prints it (it prints every password it generates, into standalone.log)
+    ensure_passwords(home / PASSWORDS_FILE, EMBEDDED_USERS)
     env = {**os.environ, **local_airflow_env(home, port=port, host=host, log_ports=(free_port(), free_port()),
                                              configs_dir=configs_dir), **(extra_env or {})}
     log_file = home / "standalone.log"
@@ -105,8 +113,7 @@ def wait_ready(sa: Standalone, timeout: float = 240.0, progress=None) -> None:
             h = health(sa)
             states = {c: (h.get(c) or {}).get("status") for c in COMPONENTS}
             last = ", ".join(f"{c}={s}" for c, s in states.items())
-            pw = Path(sa.home) / "simple_auth_manager_passwords.json.generated"
-            if all(s == "healthy" for s in states.values()) and pw.exists():
+            if all(s == "healthy" for s in states.values()) and sa.passwords_file.exists():
                 return
         except (httpx.HTTPError, ValueError) as exc:
             last = type(exc).__name__
