@@ -10,6 +10,14 @@ the test window), on one keep-alive connection.
 Printed: p50/p99 per request and per batch, predictions/s, and the in-server split between the
 online lookup and the model; then teacher vs student cost (params, FLOPs, measured forward time)
 and NE per cell.
+
+    .venv/bin/python bench/bench_serving.py --stores [--entities 1000000 --runs 3]
+
+instead compares the online stores and worker counts: Feast's SQLite store vs Redis (a private
+redis-server on loopback, the scale-out profile's reader), each padded to `--entities` users,
+served by 1 and 2 uvicorn workers. With N workers, N client processes each hold a connection to
+a different worker; figures are the medians over `--runs` runs of p50/p99 single-request latency
+and of predictions/s in batches of 256 (all clients together).
 """
 
 from __future__ import annotations
@@ -75,15 +83,24 @@ def requests_from_window(config, paths, n: int) -> list[dict]:
     return out
 
 
-def http_bench(url: str, reqs: list[dict], singles: int, batches: int, batch_size: int = 256) -> dict:
+def http_bench(url: str, reqs: list[dict], singles: int, batches: int, batch_size: int = 256,
+               pin_pid: int | None = None) -> dict:
     """One keep-alive connection from the standard library's HTTP client (httpx adds about 2 ms
-    per call on this machine, which would be measured as server latency)."""
+    per call on this machine, which would be measured as server latency). `pin_pid`: reconnect
+    until the connection is served by that uvicorn worker (its /healthz says its pid)."""
     import http.client
     from urllib.parse import urlparse
 
     u = urlparse(url)
-    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=60)
     headers = {"Content-Type": "application/json"}
+    for _ in range(200):
+        conn = http.client.HTTPConnection(u.hostname, u.port, timeout=60)
+        if pin_pid is None:
+            break
+        conn.request("GET", "/healthz")
+        if json.loads(conn.getresponse().read())["pid"] == pin_pid:
+            break
+        conn.close()
 
     def post(body: bytes) -> None:
         conn.request("POST", "/predict", body, headers)
@@ -175,6 +192,25 @@ def student_vs_teacher(config, paths) -> dict:
     return out
 
 
+def start_server(cfg_file: str, wd: Path, url: str, args, workers: int = 1) -> subprocess.Popen:
+    """`lattice serve` in its own process, returned once /healthz answers 200."""
+    import httpx
+
+    server = subprocess.Popen([sys.executable, "-m", "lattice.cli", "serve", cfg_file, "--workdir", str(wd), "--port", str(args.port),
+                               "--log-level", "warning", "--workers", str(workers)], cwd=ROOT)
+    deadline = time.time() + 600
+    while True:
+        try:
+            if httpx.get(url + "/healthz").status_code == 200:
+                return server
+        except httpx.TransportError:
+            pass
+        if time.time() > deadline or server.poll() is not None:
+            server.terminate()
+            raise RuntimeError("the server did not become healthy")
+        time.sleep(0.5)
+
+
 def serve_and_measure(cfg_file: str, wd: Path, url: str, args, reqs: list[dict]) -> dict:
     """Start `lattice serve` in its own process, wait until healthy, run the loop, stop it."""
     import httpx
@@ -198,6 +234,167 @@ def serve_and_measure(cfg_file: str, wd: Path, url: str, args, reqs: list[dict])
         server.wait(timeout=30)
 
 
+# ---------------------------------------------------------------- --stores: SQLite vs Redis, 1 vs 2 workers
+def pad_sqlite(config, paths, n: int) -> None:
+    """`n` extra users in Feast's SQLite table of every user-keyed view (ids no request uses)."""
+    import sqlite3
+
+    from features.store import get_store
+    from feast.infra.online_stores.helpers import compute_table_id
+    from feast.infra.online_stores.sqlite import SqliteOnlineStore
+    from lattice.serving.feast_keys import encode_keys, key_template
+
+    store = get_store(config, paths)
+    conn = sqlite3.connect(SqliteOnlineStore._get_db_path(store.config))
+    ts = "2024-01-01 00:00:00"
+    for view, blobs in _padding_values(config, store):
+        key = view.join_keys[0]
+        table = compute_table_id(store.config.project, view, False).replace('"', '""')
+        for lo in range(0, n, 100_000):
+            keys = encode_keys(key, list(range(PAD_BASE + lo, PAD_BASE + min(n, lo + 100_000))), 3, key_template(key, 3))
+            with conn:
+                conn.executemany(f'INSERT OR REPLACE INTO "{table}" (entity_key, feature_name, value, event_ts, created_ts) '
+                                 "VALUES (?, ?, ?, ?, ?)", ((k, f, b, ts, ts) for k in keys for f, b in blobs.items()))
+    conn.close()
+
+
+def pad_redis(config, paths, n: int, endpoint: dict) -> None:
+    """The same padding in Feast's Redis layout, written as pipelined HSETs on one socket."""
+    import socket
+
+    from features.store import get_store
+    from feast.infra.online_stores.helpers import _mmh3
+    from lattice.serving.feast_keys import encode_keys, key_template
+    from lattice.serving.redis_online import _command
+
+    store = get_store(config, paths)
+    project = store.config.project.encode()
+    sock = socket.create_connection((endpoint["host"], endpoint["port"]), timeout=60)
+    sock.sendall(_command(b"AUTH", endpoint["password"].encode()))
+    assert sock.recv(100).startswith(b"+OK")
+    for view, blobs in _padding_values(config, store):
+        key = view.join_keys[0]
+        fields = [x for f, b in blobs.items() for x in (_mmh3(f"{view.name}:{f}"), b)]
+        for lo in range(0, n, 20_000):
+            keys = encode_keys(key, list(range(PAD_BASE + lo, PAD_BASE + min(n, lo + 20_000))), 3, key_template(key, 3))
+            sock.sendall(b"".join(_command(b"HSET", k + project, *fields) for k in keys))
+            got = 0
+            while got < len(keys):  # one ":<n>\r\n" line per HSET
+                got += sock.recv(1 << 20).count(b"\n")
+    sock.close()
+
+
+PAD_BASE = 7 * 10**15  # far from the hashed ids the requests carry
+
+
+def _padding_values(config, store):
+    from feast.protos.feast.types.Value_pb2 import Value
+
+    for agg in config.features.aggregates:
+        if agg.entity != "user_id":
+            continue
+        view = store.get_feature_view(agg.name)
+        blobs = {f.name: (Value(double_val=0.25) if "rate" in f.name else Value(int64_val=3)).SerializeToString()
+                 for f in view.features}
+        yield view, blobs
+
+
+def _client(url: str, reqs: list[dict], singles: int, batches: int, want_pid: int | None, start, out) -> None:
+    """One client process; its connection is pinned to worker `want_pid` (None: any)."""
+    start.wait()
+    out.put(http_bench(url, reqs, singles, batches, pin_pid=want_pid))
+
+
+def measure_workers(url: str, reqs: list[dict], args, workers: int) -> dict:
+    import multiprocessing as mp
+
+    import httpx
+
+    pids = set()
+    for _ in range(100):
+        pids.add(httpx.get(url + "/healthz").json()["pid"])
+        if len(pids) >= workers:
+            break
+    ctx = mp.get_context("fork")
+    start, out = ctx.Event(), ctx.Queue()
+    procs = [ctx.Process(target=_client, args=(url, reqs, args.singles, args.batches, pid if workers > 1 else None, start, out))
+             for pid in sorted(pids)[:workers]]
+    for p in procs:
+        p.start()
+    start.set()
+    res = [out.get(timeout=1800) for _ in procs]
+    for p in procs:
+        p.join()
+    single = [x for r in res for x in r["single_ms"]]
+    return {"p50": float(np.percentile(single, 50)), "p99": float(np.percentile(single, 99)),
+            "batch_p50": float(np.percentile([x for r in res for x in r["batch_ms"]], 50)),
+            "predictions_per_s": sum(r["predictions_per_s"] for r in res)}
+
+
+def stores_bench(args) -> None:
+    import yaml
+
+    from lattice.config import load_config
+    from lattice.config.schema import Deployment
+    from lattice.deploy import local_services as ls
+    from lattice.deploy.profile import write_profile
+    from lattice.paths import Paths
+    from features.repo import write_repo
+    from pipelines.feast_jobs import feast_apply, materialize
+
+    base = Path(tempfile.mkdtemp(prefix="lattice-bench-stores-"))
+    if args.workdir:
+        cfg_file, wd = args.config, Path(args.workdir)
+    else:
+        t = time.perf_counter()
+        cfg_file, wd = build_demo(base)
+        print(f"built the tiny trained demo in {time.perf_counter() - t:.0f}s at {wd}")
+    config = load_config(cfg_file)
+    paths = Paths.for_config(config, wd)
+    reqs = requests_from_window(config, paths, 256 * args.batches)
+    layout = ls.Layout(home=base / "services", secrets=base / "secrets",
+                       ports={**ls.DEFAULT_PORTS, "redis": args.port + 1})
+    ls.start_redis(layout)
+    try:
+        write_profile(layout.profile_file, {"spark": {"master": "local[2]"},
+                                            "redis": ls.profile_dict(layout)["redis"], "serving": {"workers": 1}})
+        redis_cfg = config.model_copy(update={"deployment": Deployment(profile="scale-out", profile_file=str(layout.profile_file))})
+        redis_file = base / "bench_redis.yaml"
+        redis_file.write_text(yaml.safe_dump(redis_cfg.model_dump(mode="json"), sort_keys=False))
+        t = time.perf_counter()
+        pad_sqlite(config, paths, args.entities)
+        print(f"SQLite store padded with {args.entities:,} users in {time.perf_counter() - t:.0f}s")
+        t = time.perf_counter()
+        feast_apply(redis_cfg, paths)  # the same repo, now pointed at Redis (file registry: no PostgreSQL here)
+        materialize(redis_cfg, paths)
+        pad_redis(redis_cfg, paths, args.entities, ls.profile_dict(layout)["redis"])
+        print(f"Redis store materialized and padded with {args.entities:,} users in {time.perf_counter() - t:.0f}s "
+              f"({ls._redis_client(layout).dbsize():,} keys)")
+        url = f"http://127.0.0.1:{args.port}"
+        print(f"\nserving over loopback, {args.runs} runs each (medians), single: {args.singles} sequential requests per "
+              f"client, batch: {args.batches} x 256 per client; N workers = N client processes; "
+              f"entity cache {config.serving.feature_cache_seconds:g} s")
+        for label, cfg in (("sqlite", redis_file.with_name("bench_sqlite.yaml")), ("redis", redis_file)):
+            if label == "sqlite":
+                cfg.write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
+            for workers in (1, 2):
+                if label == "sqlite":  # the embedded yaml again (the Redis runs build their store from the profile)
+                    write_repo(config, paths)
+                server = start_server(str(cfg), wd, url, args, workers)
+                try:
+                    runs = [measure_workers(url, reqs, args, workers) for _ in range(args.runs)]
+                finally:
+                    server.terminate()
+                    server.wait(timeout=60)
+                med = {k: float(np.median([r[k] for r in runs])) for k in runs[0]}
+                each = "; ".join("p99 %.2f ms, %s/s" % (r["p99"], format(round(r["predictions_per_s"]), ",")) for r in runs)
+                print(f"  {label:<6} {workers} worker(s): single p50 {med['p50']:6.2f} ms  p99 {med['p99']:6.2f} ms   "
+                      f"batch-256 p50 {med['batch_p50']:6.2f} ms   {med['predictions_per_s']:>9,.0f} predictions/s   "
+                      f"(runs: {each})", flush=True)
+    finally:
+        ls.stop_redis(layout)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", help="platform config of an existing run (with --workdir)")
@@ -205,7 +402,13 @@ def main() -> None:
     ap.add_argument("--singles", type=int, default=500)
     ap.add_argument("--batches", type=int, default=40)
     ap.add_argument("--port", type=int, default=8765)
+    ap.add_argument("--stores", action="store_true", help="compare SQLite vs Redis, 1 vs 2 workers (see above)")
+    ap.add_argument("--entities", type=int, default=1_000_000, help="--stores: users each store is padded to")
+    ap.add_argument("--runs", type=int, default=3, help="--stores: runs per case (medians are printed)")
     args = ap.parse_args()
+    if args.stores:
+        print(f"machine: {platform.machine()}, {os.cpu_count()} cpus, load avg {os.getloadavg()[0]:.1f} (shared machine: noisy)")
+        return stores_bench(args)
 
     from lattice.config import load_config
     from lattice.paths import Paths

@@ -4,6 +4,7 @@ domain, entity or aggregate in the YAML shows up as a new entity or view on the 
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import yaml
@@ -32,16 +33,31 @@ def project_name(config: PlatformConfig) -> str:
 
 
 def store_config(config: PlatformConfig, paths: Paths) -> dict:
+    """feature_store.yaml as a dict. Under `deployment.profile: scale-out` the deployment profile
+    names the online store (Redis), the registry (Feast's SQL registry on PostgreSQL) and the
+    Spark master of the offline store; otherwise the config's `feature_store` keys decide."""
+    from lattice.deploy.profile import services
+
     data = paths.feast_repo / "data"
     fs = config.feature_store
-    if fs.online_store == "redis":
+    svc = services(config)
+    if svc.feast_online_store is not None:
+        online = dict(svc.feast_online_store)
+    elif fs.online_store == "redis":
         online = {"type": "redis", "connection_string": fs.redis_url}
     else:
         online = {"type": "sqlite", "path": str(data / "online_store.db")}
-    offline: dict = {"type": "file"} if fs.offline_store == "file" else {"type": "spark", "spark_conf": dict(SPARK_CONF)}
+    registry: str | dict = str(data / "registry.db")
+    if svc.feast_registry is not None:
+        # a registry shared by several servers: a materialization marks its views MATERIALIZING
+        # in it, which must not stop the others from serving the last materialized values
+        registry = {**svc.feast_registry, "serve_features_while_materializing": True}
+    offline: dict = {"type": "file"}
+    if fs.offline_store == "spark":
+        offline = {"type": "spark", "spark_conf": {**SPARK_CONF, "spark.master": svc.spark_master}}
     return {
         "project": project_name(config),
-        "registry": str(data / "registry.db"),
+        "registry": registry,
         "provider": "local",
         "online_store": online,
         "offline_store": offline,
@@ -49,13 +65,27 @@ def store_config(config: PlatformConfig, paths: Paths) -> dict:
     }
 
 
+def holds_secrets(store: dict) -> bool:
+    """Whether a store config carries credentials (a Redis password, a database URL)."""
+    return isinstance(store["registry"], dict) or "password=" in str(store["online_store"].get("connection_string", ""))
+
+
 def write_repo(config: PlatformConfig, paths: Paths) -> Path:
     """(Re)write feature_store.yaml and a definitions file that `feast apply` can also use."""
     repo = paths.feast_repo
     (repo / "data").mkdir(parents=True, exist_ok=True)
-    (repo / "feature_store.yaml").write_text(
-        "# generated from the platform config by features.repo.write_repo; edit the config, not this file\n"
-        + yaml.safe_dump(store_config(config, paths), sort_keys=False))
+    store = store_config(config, paths)
+    text = ("# generated from the platform config by features.repo.write_repo; edit the config, not this file\n"
+            + yaml.safe_dump(store, sort_keys=False))
+    target = repo / "feature_store.yaml"
+    if holds_secrets(store):  # owner-only from the first byte, like the profile it comes from
+        tmp = target.with_suffix(".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, target)
+    else:
+        target.write_text(text)
     src = config.source_file or ""
     (repo / "definitions.py").write_text(
         '"""Feast definitions of this repo, built from the platform config (for the `feast` CLI)."""\n'

@@ -108,7 +108,7 @@ def build_aggregates(config: PlatformConfig, paths: Paths, start: str | None = N
     from pyspark.sql import functions as F
 
     t0 = time.perf_counter()
-    spark = get_spark(master)
+    spark = get_spark(master, config=config)
     out: dict = {"stage": "aggregates", "aggregates": {}, "timings": {}}
     if not config.features.aggregates:
         return out

@@ -98,7 +98,7 @@ def ingest_and_consolidate(config: PlatformConfig, paths: Paths, start: str | No
     window = run_window(config, start, end)
     run_domains = _check_domains(config, domains)
     paths.ensure()
-    spark = get_spark(master)
+    spark = get_spark(master, config=config)
     timings["spark_session"] = time.perf_counter() - t0
 
     # ---- read every source (errors that stop the run come first: missing files, lost columns)

@@ -67,7 +67,7 @@ def build_training_set(config: PlatformConfig, paths: Paths, start: str | None =
 
     t0 = time.perf_counter()
     timings: dict[str, float] = {}
-    spark = get_spark(master)
+    spark = get_spark(master, config=config)
     if not paths.consolidated.is_dir():
         raise FileNotFoundError(f"no consolidated table at {paths.consolidated}; run the consolidate stage first")
     examples = spark.read.parquet(str(paths.consolidated))
@@ -130,7 +130,7 @@ def feast_cross_check(config: PlatformConfig, paths: Paths, version: int, n: int
     service = store.get_feature_service(feature_service_name(config, version))
     entity_df = sample[[*keys, "event_timestamp"]]
     if config.feature_store.offline_store == "spark":
-        spark = get_spark()
+        spark = get_spark(config=config)
         spark.createDataFrame(entity_df).createOrReplaceTempView("lattice_check_entities")
         got = store.get_historical_features(entity_df="SELECT * FROM lattice_check_entities", features=service).to_df()
     else:

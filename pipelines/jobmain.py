@@ -24,7 +24,7 @@ def main(job: Callable[..., dict], description: str, window: bool = True, argv: 
 
     p = argparse.ArgumentParser(description=description)
     p.add_argument("--config", required=True, help="platform config YAML")
-    p.add_argument("--master", default=None, help="Spark master (default local[2])")
+    p.add_argument("--master", default=None, help="Spark master (default: the scale-out profile's master if deployment.profile is scale-out, else local[2])")
     p.add_argument("--workdir", default=None, help="work directory (default: the config's workdir)")
     if window:
         p.add_argument("--start", default=None, help="first date to process, yyyy-MM-dd (default: the config's time_range)")

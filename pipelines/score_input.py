@@ -67,7 +67,7 @@ def parse_input(config: PlatformConfig, path: str, source_name: str | None = Non
     scoring = scoring_source(src)
     files = input_files(path, scoring)
     cols = sources.source_columns(scoring, files)
-    spark = get_spark(master)
+    spark = get_spark(master, config=config)
     cfg = scoring_config(config, scoring)
     tagged = ingest.tag(cfg, ingest.read_raw(spark, scoring, files, cols)).cache()
     keep = [c for c in S.consolidated_columns(cfg) if not c.startswith(("label_", "mask_", "truth_")) and c != "split"]

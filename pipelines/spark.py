@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from urllib.parse import urlsplit
 
 DEFAULT_MASTER = "local[2]"
 
@@ -22,18 +23,42 @@ RUNTIME_CONF = {
 }
 
 
-def get_spark(master: str | None = None, app_name: str = "lattice-features", shuffle_partitions: int | None = None):
+def resolve_master(master: str | None = None, config=None) -> str:
+    """The master a job runs on: an explicit `master` (`--master`), else LATTICE_SPARK_MASTER,
+    else the scale-out profile's Spark master when `config` runs in that profile, else local[2]."""
+    if master:
+        return master
+    if os.environ.get("LATTICE_SPARK_MASTER"):
+        return os.environ["LATTICE_SPARK_MASTER"]
+    if config is not None and config.deployment.profile != "embedded":
+        from lattice.deploy.profile import services
+
+        return services(config).spark_master
+    return DEFAULT_MASTER
+
+
+def _loopback(master: str) -> bool:
+    """local[*], or a cluster master on this machine's loopback (the scale-out profile here)."""
+    if master.startswith("local"):
+        return True
+    host = urlsplit(master).hostname or ""
+    return host in ("127.0.0.1", "localhost", "::1")
+
+
+def get_spark(master: str | None = None, app_name: str = "lattice-features", shuffle_partitions: int | None = None,
+              config=None):
     """The active session if there is one (tests share a single session), else a new one on
-    `master` (default local[2]) with the UI off and few shuffle partitions."""
+    `resolve_master(master, config)` with the UI off and few shuffle partitions."""
     from pyspark.sql import SparkSession
 
     spark = SparkSession.getActiveSession()
     if spark is None:
         parts = shuffle_partitions or int(os.environ.get("LATTICE_SHUFFLE_PARTITIONS", "8"))
-        master = master or os.environ.get("LATTICE_SPARK_MASTER", DEFAULT_MASTER)
-        # an embedded driver listens on loopback only (no port on the machine's network); a
-        # cluster master needs a reachable driver, which its environment sets (SPARK_LOCAL_IP)
-        host = os.environ.get("LATTICE_SPARK_DRIVER_HOST", "127.0.0.1" if master.startswith("local") else "")
+        master = resolve_master(master, config)
+        # a driver for a master on loopback (embedded, or the local scale-out cluster) listens on
+        # loopback only (no port on the machine's network); a remote cluster master needs a
+        # reachable driver, which its environment sets (SPARK_LOCAL_IP / LATTICE_SPARK_DRIVER_HOST)
+        host = os.environ.get("LATTICE_SPARK_DRIVER_HOST", "127.0.0.1" if _loopback(master) else "")
         if host:
             os.environ.setdefault("SPARK_LOCAL_IP", host)
         builder = (

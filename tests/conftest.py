@@ -93,3 +93,32 @@ def scaleout_services():
     finally:
         ls.stop_redis(layout)
         ls.stop_postgres(layout)
+
+
+@pytest.fixture(scope="session")
+def scaleout_spark(scaleout_services):
+    """A Spark standalone cluster (a master and two 1-core workers from pyspark's own distribution)
+    on the free loopback ports of `scaleout_services`, stopped at the end of the run. Returns the
+    same `Layout`; its profile's `spark.master` names this master. A test that kills a worker
+    starts it again (`spark_cluster.start_worker`)."""
+    from lattice.deploy import spark_cluster
+
+    try:
+        spark_cluster.start_spark(scaleout_services)
+        yield scaleout_services
+    finally:
+        spark_cluster.stop_spark(scaleout_services)
+
+
+@pytest.fixture(scope="session")
+def scaleout_mlflow(scaleout_services):
+    """An MLflow tracking server on the PostgreSQL of `scaleout_services` (database lattice_mlflow),
+    artifacts under its home, stopped at the end of the run. Returns the `Layout`; the profile's
+    `mlflow.tracking_uri` names this server."""
+    from lattice.deploy import mlflow_server
+
+    try:
+        mlflow_server.start_mlflow(scaleout_services)
+        yield scaleout_services
+    finally:
+        mlflow_server.stop_mlflow(scaleout_services)

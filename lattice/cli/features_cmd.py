@@ -79,5 +79,5 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--end", default=None, help="end date, exclusive (yyyy-MM-dd)")
     p.add_argument("--domains", default=None, help="comma-separated domains to process (default: all)")
     p.add_argument("--workdir", default=None, help="work directory (default: the config's workdir)")
-    p.add_argument("--master", default=None, help="Spark master (default local[2])")
+    p.add_argument("--master", default=None, help="Spark master (default: the scale-out profile's master if deployment.profile is scale-out, else local[2])")
     p.set_defaults(func=_features)

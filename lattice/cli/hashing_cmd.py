@@ -52,6 +52,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     fit = hsub.add_parser("fit", help="fit every vocab / mixed / learned id map on the training split (after `lattice features`)")
     fit.add_argument("config", help="platform config YAML, e.g. configs/demo.yaml")
     fit.add_argument("--workdir", default=None, help="work directory (default: the config's workdir)")
-    fit.add_argument("--master", default=None, help="Spark master (default local[2])")
+    fit.add_argument("--master", default=None, help="Spark master (default: the scale-out profile's master if deployment.profile is scale-out, else local[2])")
     add_set_argument(fit)
     fit.set_defaults(func=_fit)

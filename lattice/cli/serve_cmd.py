@@ -1,4 +1,4 @@
-"""`lattice serve CONFIG [--host 127.0.0.1 --port 8000]`: the champion model over HTTP."""
+"""`lattice serve CONFIG [--host 127.0.0.1 --port 8000] [--workers N]`: the champion model over HTTP."""
 
 from __future__ import annotations
 
@@ -26,13 +26,33 @@ def _log_config(level: str) -> dict:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    import torch
+    import os
+
     import uvicorn
 
+    from lattice.deploy.profile import ProfileError, services
     from lattice.paths import Paths
-    from lattice.serving.app import ServingStartupError, create_app
+    from lattice.serving.app import ServingStartupError, _auth_token, create_app
+    from lattice.serving.worker import spec_env
 
     config = load_or_exit(args.config)
+    try:
+        workers = args.workers or services(config).serving_workers
+        _auth_token(config.serving.auth_token_env)  # refuse here, not in every worker
+    except (ServingStartupError, ProfileError) as exc:
+        print(f"lattice serve: {exc}", file=sys.stderr)
+        return 1
+    # uvicorn's own access log stays off: the app writes its own (serving.access_log), which
+    # also says the batch size and never logs a query string
+    common = dict(host=args.host, port=args.port, log_level=args.log_level, access_log=False,
+                  log_config=_log_config(args.log_level))
+    if workers > 1:
+        # each worker process imports the factory and builds its own server from this spec
+        os.environ.update(spec_env(os.path.abspath(args.config), args.workdir, args.poll_seconds, args.torch_threads))
+        uvicorn.run("lattice.serving.worker:app", factory=True, workers=workers, **common)
+        return 0
+    import torch
+
     # small models on few cores: intra-op threads only add contention with the HTTP and lookup threads
     torch.set_num_threads(args.torch_threads)
     paths = Paths.for_config(config, args.workdir)
@@ -41,10 +61,7 @@ def _serve(args: argparse.Namespace) -> int:
     except ServingStartupError as exc:
         print(f"lattice serve: {exc}", file=sys.stderr)
         return 1
-    # uvicorn's own access log stays off: the app writes its own (serving.access_log), which
-    # also says the batch size and never logs a query string
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False,
-                log_config=_log_config(args.log_level))
+    uvicorn.run(app, **common)
     return 0
 
 
@@ -56,5 +73,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--poll-seconds", type=float, default=2.0, help="how often to check whether the champion alias moved")
     p.add_argument("--torch-threads", type=int, default=1, help="intra-op threads for the model (default 1)")
+    p.add_argument("--workers", type=int, default=None,
+                   help="uvicorn worker processes sharing the port (default: the scale-out profile's serving.workers, else 1)")
     p.add_argument("--log-level", default="info")
     p.set_defaults(func=_serve)

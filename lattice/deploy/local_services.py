@@ -21,7 +21,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-DEFAULT_PORTS = {"postgres": 5433, "redis": 6380, "spark": 7078, "spark_worker": 7079, "mlflow": 5055, "rdzv": 29410}
+DEFAULT_PORTS = {"postgres": 5433, "redis": 6380, "spark": 7078, "spark_worker": 7079, "spark_worker2": 7081,
+                 "spark_ui": 7080, "mlflow": 5055, "rdzv": 29410, "airflow": 8089}
 DATABASES = {"airflow": "lattice_airflow", "mlflow": "lattice_mlflow", "feast": "lattice_feast"}
 PG_USER = "lattice"
 
@@ -62,7 +63,9 @@ def credentials(layout: Layout) -> dict[str, str]:
     path = _private_dir(layout.secrets) / "credentials.json"
     if path.exists():
         return json.loads(path.read_text())
-    creds = {"postgres": _secrets.token_hex(16), "redis": _secrets.token_hex(16)}
+    # a letter first: Feast JSON-decodes connection-string values, and an all-digit hex string
+    # (or one like 12e45...) would become a number there
+    creds = {"postgres": "p" + _secrets.token_hex(16), "redis": "r" + _secrets.token_hex(16)}
     _write_private(path, json.dumps(creds))
     return creds
 

@@ -37,7 +37,7 @@ def fit_hashing(config: PlatformConfig, paths: Paths, master: str | None = None,
     table = find_table(paths)
     timings: dict[str, float] = {}
     t = time.perf_counter()
-    spark = get_spark(master, app_name="lattice-hashing")
+    spark = get_spark(master, app_name="lattice-hashing", config=config)
     timings["spark_session"] = round(time.perf_counter() - t, 3)
     t = time.perf_counter()
     df, split_column = id_stats.train_frame(spark, config, table)

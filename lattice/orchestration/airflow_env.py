@@ -45,6 +45,9 @@ def local_airflow_env(home: Path, *, port: int = 8080, host: str = "127.0.0.1",
         # New DAG files show up within seconds instead of minutes.
         "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "20",
         "AIRFLOW__SCHEDULER__ENABLE_HEALTH_CHECK": "True",
+        # its server listens on every interface at a fixed port by default: loopback, a free port
+        "AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_SERVER_HOST": host,
+        "AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_SERVER_PORT": str(free_port()),
         # On a busy 2-core machine the API server can take seconds to answer a worker; the
         # default 5 s timeout then kills healthy tasks.
         "AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT": "60",

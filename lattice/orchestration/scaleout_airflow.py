@@ -169,12 +169,13 @@ def start(svc: Services, home: Path, *, port: int | None = None, host: str = "12
     if r.returncode:
         raise RuntimeError(f"`airflow db migrate` failed (exit {r.returncode}); see {logs / 'db-migrate.log'}:\n"
                            + redact(_tail(logs / "db-migrate.log")))
-    pids = {name: _spawn(name, [name], env, home) for name in ("api-server", "scheduler", "dag-processor", "triggerer")}
+    # Airflow's task-log server listens on every interface (its host is hard-coded): on one machine
+    # the api-server reads the task logs from the shared log folder instead, so none is started
+    args = {"scheduler": ["scheduler", "--skip-serve-logs"], "triggerer": ["triggerer", "--skip-serve-logs"]}
+    pids = {name: _spawn(name, args.get(name, [name]), env, home) for name in ("api-server", "scheduler", "dag-processor", "triggerer")}
     for i in range(1, workers(svc) + 1):
-        # own log-server port per worker: both run on this host, and 8793 would clash
-        wenv = {**env, "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port())}
-        pids[f"worker{i}"] = _spawn(f"worker{i}", ["celery", "worker", "--concurrency", "1",
-                                                   "--celery-hostname", f"lattice-w{i}@%h"], wenv, home)
+        pids[f"worker{i}"] = _spawn(f"worker{i}", ["celery", "worker", "--concurrency", "1", "--skip-serve-logs",
+                                                   "--celery-hostname", f"lattice-w{i}@%h"], env, home)
     af = ScaleoutAirflow(home=str(home), host=host, port=port, executor=svc.airflow_executor,
                          users_file=str(users_file), pids=pids)
     (home / STATE_FILE).write_text(json.dumps(asdict(af)))

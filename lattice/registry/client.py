@@ -4,7 +4,8 @@ Layout: one MLflow experiment per platform config (`lattice-<config>`); one run 
 model; registered models `<base>` (the servable students, with aliases `champion` and
 `challenger`) and `<base>_<model>` for teachers and baselines. The default backend is a SQLite
 file with a local artifact folder under `paths.mlflow`; `registry.tracking_uri` in the config
-points at a shared tracking server instead.
+points at a shared tracking server instead (in the scale-out profile, when it is unset, the
+profile's tracking server: `lattice.deploy.profile.services`).
 
 The champion history (a JSON list of versions on the registered model) is what `rollback`
 walks back; MLflow keeps only the current alias target.
@@ -154,6 +155,14 @@ def _open_local_registry(folder: Path) -> str:
     return uri
 
 
+def _profile_tracking_uri(config: PlatformConfig) -> str | None:
+    if config.deployment.profile == "embedded":
+        return None
+    from lattice.deploy.profile import services
+
+    return services(config).mlflow_tracking_uri
+
+
 class ModelRegistry:
     def __init__(self, config: PlatformConfig, paths: Paths):
         _quiet_mlflow()
@@ -161,8 +170,11 @@ class ModelRegistry:
 
         self.config = config
         self.paths = paths
-        if config.registry.tracking_uri:
-            self.tracking_uri = config.registry.tracking_uri
+        # an explicit registry.tracking_uri wins; else the scale-out profile's tracking server
+        # (its artifact store too: the server proxies artifacts); else the work directory's SQLite
+        server = config.registry.tracking_uri or _profile_tracking_uri(config)
+        if server:
+            self.tracking_uri = server
             self._artifact_location = None  # the server decides
         else:
             self.tracking_uri = _open_local_registry(paths.mlflow)

@@ -357,13 +357,22 @@ def create_app(config: PlatformConfig, paths: Paths, poll_seconds: float = 2.0, 
     async def healthz() -> Any:
         server = server_box["s"]
         served = server.slot.current
+        # the online store's state (it may ask Redis, bounded by its socket timeouts): off the loop
+        check = getattr(server.online, "health", None)
+        store = await run_in_threadpool(check) if check is not None else None
+        degraded = store is not None and store["status"] != "ok"
         body = {
-            "status": "ok" if served else "no_model",
+            # degraded: still answering (200), with the fallback the online store section names
+            "status": "no_model" if not served else "degraded" if degraded else "ok",
             "model_version": served.version if served else None,
             "swaps": server.slot.swaps,
             "last_error": server.slot.last_error,
             "online_features": server.online.mode,
+            "online_store": store,
+            "pid": os.getpid(),  # which uvicorn worker answered (each holds its own slot and store)
         }
+        if degraded:
+            body["degraded"] = [f"online store {store['store']}: {store['status']} ({store.get('error')})"]
         return JSONResponse(status_code=200 if served else 503, content=body)
 
     @app.get("/metadata")

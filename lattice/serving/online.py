@@ -13,7 +13,14 @@ Two ways to read, chosen when the store opens:
 - on demand (larger stores, Redis, the mirror off): entities are read from the store and cached per
   (feature view, entity), unknown entities included; the cache is emptied every
   `serving.feature_cache_seconds` (and when it holds `serving.feature_cache_entries`), so no value
-  served is older than that, and a hit costs one dict lookup.
+  served is older than that, and a hit costs one dict lookup. Redis is read with redis_online.py
+  (every view's misses in one round trip).
+
+When the online store cannot be read (Redis down or timing out; its circuit breaker then spares
+the next requests the wait), a request is still answered: entities still in the cache get their
+cached values, the others the no-history defaults and a place in `unknown_entities`; nothing
+read in that state is cached, so fresh values come back with the store. `health()` (in /healthz)
+names the store and says it is unavailable meanwhile.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ import numpy as np
 from lattice.config import PlatformConfig
 from lattice.data import schema as S
 from lattice.paths import Paths
+from lattice.serving.redis_online import OnlineStoreUnavailable, RedisOnlineReader
 from lattice.serving.sqlite_online import SqliteOnlineReader, ViewTable, value_number
 
 log = logging.getLogger(__name__)
@@ -46,6 +54,8 @@ class OnlineFeatures:
         self._store = None
         self._provider = None
         self._sqlite = None  # SqliteOnlineReader when the online store is Feast's SQLite
+        self._redis: RedisOnlineReader | None = None  # when it is a single Redis
+        self.fallbacks = 0  # entity reads answered without the store (it was unavailable)
         self._views: list = []
         # one SQLite connection is shared by the request threads; a mirror reload loads outside
         # the lock and takes it only to swap (re-entrant: the first load runs while opening)
@@ -63,9 +73,7 @@ class OnlineFeatures:
         self.reloads = 0  # mirror reloads after the store changed
 
     def _open(self) -> None:
-        from features.store import get_store
-
-        self._store = get_store(self.config, self.paths)
+        self._store = _open_store(self.config, self.paths)
         # Per-request Feast `get_online_features` re-resolves the feature service from the registry
         # (protobuf -> FeatureView objects with runtime type checks), about 1 ms per view per call.
         # The views do not change while a server runs, so resolve them once and read the online
@@ -78,6 +86,11 @@ class OnlineFeatures:
             log.warning("direct online reads unavailable (%s); using get_online_features", exc)
             self._provider = None
             return
+        if self._store.config.online_store.type == "redis":
+            try:
+                self._redis = RedisOnlineReader(self._store.config, [v for v, _, _ in self._views])
+            except Exception as exc:  # TLS, a cluster: Feast's own online_read still works
+                log.warning("batch Redis reads unavailable (%s); reading through Feast's online_read", exc)
         if self._store.config.online_store.type == "sqlite":
             try:
                 self._sqlite = SqliteOnlineReader(self._store.config, [v for v, _, _ in self._views])
@@ -165,23 +178,45 @@ class OnlineFeatures:
         return self._cache.setdefault(name, {})
 
     def _read_direct(self, ids: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        out: dict[str, np.ndarray] = {}
+        plan = []  # per view: (view, key, feats, unique ids, inverse, cache, cached rows, missing ids)
         for view, key, feats in self._views:
             uniq, inverse = np.unique(ids[key], return_inverse=True)  # a batch often repeats an entity: read it once
             keys = uniq.tolist()
             cache = self._view_cache(view.name)
             rows = [cache.get(i) for i in keys] if cache is not None else [None] * len(keys)
-            missing = [i for i, r in zip(keys, rows) if r is None]
+            plan.append((view, key, feats, keys, inverse, cache, rows, [i for i, r in zip(keys, rows) if r is None]))
+        wanted = [(view, key, feats, missing) for view, key, feats, _, _, _, _, missing in plan if missing]
+        try:
+            fresh = iter(self._read_views(wanted))
+            store_ok = True
+        except OnlineStoreUnavailable as exc:
+            log.debug("online store unavailable, answering from the cache and defaults: %s", exc)
+            self.fallbacks += sum(len(m) for _, _, _, m in wanted)
+            store_ok = False
+        out: dict[str, np.ndarray] = {}
+        for view, key, feats, keys, inverse, cache, rows, missing in plan:
             if missing:
-                fresh = self._read_view(view, key, feats, missing)
-                if cache is not None:
-                    cache.update(fresh)
-                    self._cached += len(fresh)
-                rows = [fresh[i] if r is None else r for i, r in zip(keys, rows)]
+                got = next(fresh) if store_ok else {}
+                if cache is not None and store_ok:  # never cache a fallback: fresh values return with the store
+                    cache.update(got)
+                    self._cached += len(got)
+                absent = np.full(len(feats), np.nan)
+                rows = [got.get(i, absent) if r is None else r for i, r in zip(keys, rows)]
             matrix = np.vstack(rows)[inverse.reshape(-1)]
             for j, f in enumerate(feats):
                 out[f] = matrix[:, j]
         return out
+
+    def _read_views(self, wanted: list) -> list[dict[int, np.ndarray]]:
+        if not wanted:
+            return []
+        if self._redis is not None:
+            self.reads += sum(len(ids) for *_, ids in wanted)
+            return self._redis.read_many([(view.name, key, feats, ids) for view, key, feats, ids in wanted])
+        try:
+            return [self._read_view(view, key, feats, ids) for view, key, feats, ids in wanted]
+        except (OSError, *_redis_errors()) as exc:  # Feast's Redis store through redis-py (TLS, clusters)
+            raise OnlineStoreUnavailable(f"online store unavailable: {type(exc).__name__}: {exc}") from exc
 
     def _read_view(self, view, key: str, feats: list[str], ids: list[int]) -> dict[int, np.ndarray]:
         """entity id -> feature values in `feats` order (all NaN for an entity the store lacks)."""
@@ -196,6 +231,25 @@ class OnlineFeatures:
         out: dict[int, np.ndarray] = {}
         for i, (_, values) in zip(ids, got):
             out[i] = np.array([value_number((values or {}).get(f)) for f in feats], np.float64)
+        return out
+
+    def health(self) -> dict:
+        """The online store as /healthz reports it: its type and whether it can be read now."""
+        kind = self._store.config.online_store.type if self._store is not None else None
+        out = {"store": kind, "status": "ok", "mode": self.mode}
+        if self._redis is not None:
+            breaker = self._redis.breaker
+            if breaker.allow():  # a closed breaker, or one whose cool-down has passed: ask Redis
+                with self._lock:
+                    try:
+                        self._redis.ping()
+                    except OnlineStoreUnavailable:
+                        pass
+            if breaker.open:
+                out.update(status="unavailable", error=breaker.error, failures=breaker.failures,
+                           since=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(breaker.since or time.time())),
+                           fallback="cached values while they last, else no-history defaults listed in unknown_entities")
+        out["fallback_reads"] = self.fallbacks
         return out
 
     def lookup(self, entities: list[dict[str, object]]) -> tuple[dict[str, np.ndarray], list[list[str]]]:
@@ -222,3 +276,32 @@ class OnlineFeatures:
                 unknown[i].append(key)
         # copies: the columns share rows with the cache, which must keep its NaNs
         return {c: np.nan_to_num(v, nan=0.0) for c, v in out.items()}, unknown
+
+
+def _redis_errors() -> tuple:
+    try:
+        from redis.exceptions import ConnectionError, TimeoutError
+
+        return ConnectionError, TimeoutError
+    except ImportError:
+        return ()
+
+
+def _open_store(config: PlatformConfig, paths: Paths):
+    """The Feast store serving reads. Under the scale-out profile it is built from the profile as
+    it is now (not from a feature_store.yaml an earlier run left), so a moved Redis or registry
+    is picked up by a restart alone."""
+    from features.store import get_store
+
+    from lattice.deploy.profile import services
+
+    if not services(config).scale_out:
+        return get_store(config, paths)
+    from feast import FeatureStore
+    from feast.repo_config import RepoConfig
+
+    from features.repo import store_config
+
+    repo_config = RepoConfig(**store_config(config, paths))
+    repo_config.repo_path = paths.feast_repo
+    return FeatureStore(repo_path=str(paths.feast_repo), config=repo_config)
