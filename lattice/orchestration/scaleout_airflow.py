@@ -155,8 +155,11 @@ def start(svc: Services, home: Path, *, port: int | None = None, host: str = "12
     users_file = Path(users_file or default_users_file(svc))
     airflow_users.ensure_passwords(users_file, airflow_users.SCALE_OUT_USERS)
     port = port or free_port()
-    env = {**os.environ, **airflow_env(svc, home, port=port, host=host, users_file=users_file,
-                                       configs_dir=configs_dir), **(extra_env or {})}
+    # an Airflow setting inherited from the caller (a shell, or a process that set up an embedded
+    # Airflow, as the test suite does) must not leak into this one: the profile decides
+    inherited = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}
+    env = {**inherited, **airflow_env(svc, home, port=port, host=host, users_file=users_file,
+                                      configs_dir=configs_dir), **(extra_env or {})}
     # Airflow imports <home>/config/airflow_local_settings.py in every process before any provider
     (home / "config").mkdir(exist_ok=True)
     (home / "config" / "airflow_local_settings.py").write_text(

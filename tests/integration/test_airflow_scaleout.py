@@ -105,7 +105,7 @@ class TestLocalExecutor:
         svc = read_profile(_profile(scaleout_services, "LocalExecutor"))
         home = tmp_path / "airflow-local"
         af = scaleout_airflow.start(svc, home, configs_dir=configs, users_file=scaleout_services.secrets / "airflow-users.json",
-                                    extra_env=_env())
+                                    extra_env={"LATTICE_AIRFLOW_RETRIES": "2"})
         try:
             assert set(af.pids) == {"api-server", "scheduler", "dag-processor", "triggerer"}
             assert scaleout_airflow.status(home)["health"]["metadatabase"] == "healthy"
