@@ -70,21 +70,10 @@ def scaleout_services():
     (data and logs in one, credentials and the profile file in another, owner-only), stopped at
     the end of the run. Returns the `Layout`; `layout.profile_file` is the profile to point
     `deployment.profile_file` (or LATTICE_PROFILE_FILE) at."""
-    import socket
-    import tempfile
-
     from lattice.deploy import local_services as ls
     from lattice.deploy.profile import write_profile
 
-    def free_port() -> int:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            return s.getsockname()[1]
-
-    home = Path(tempfile.mkdtemp(prefix="lattice-so-"))
-    os.chmod(home, 0o755)  # PostgreSQL's own user (we may be root) must reach its data folder
-    layout = ls.Layout(home=home, secrets=Path(tempfile.mkdtemp(prefix="lattice-so-secrets-")),
-                       ports={name: free_port() for name in ls.DEFAULT_PORTS})
+    layout = ls.throwaway_layout()
     try:
         ls.start_postgres(layout)
         ls.start_redis(layout)

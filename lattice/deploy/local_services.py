@@ -220,6 +220,22 @@ def _wait(check, seconds: float, what: str, log: Path) -> None:
     raise ServiceError(f"{what} did not answer within {seconds:.0f} s; see {log}")
 
 
+def throwaway_layout(prefix: str = "lattice-so-") -> Layout:
+    """A layout in fresh temporary folders on free loopback ports (tests and try-outs)."""
+    import socket
+    import tempfile
+
+    def free_port() -> int:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+
+    home = Path(tempfile.mkdtemp(prefix=prefix))
+    os.chmod(home, 0o755)  # PostgreSQL's own user (we may be root) must reach its data folder
+    return Layout(home=home, secrets=Path(tempfile.mkdtemp(prefix=f"{prefix}secrets-")),
+                  ports={name: free_port() for name in DEFAULT_PORTS})
+
+
 # ---------------------------------------------------------------- the profile these services make
 def profile_dict(layout: Layout) -> dict:
     """The scale-out profile (lattice.deploy.profile) for the services of this layout."""

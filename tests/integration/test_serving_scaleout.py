@@ -17,7 +17,6 @@ import socket
 import stat
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -50,10 +49,8 @@ def services():
     from lattice.deploy import local_services as ls
     from lattice.deploy.profile import write_profile
 
-    home = Path(tempfile.mkdtemp(prefix="lattice-serve-so-"))
-    os.chmod(home, 0o755)  # PostgreSQL's own user (we may be root) must reach its data folder
-    layout = ls.Layout(home=home, secrets=Path(tempfile.mkdtemp(prefix="lattice-serve-so-secrets-")),
-                       ports={name: _free_port() for name in ls.DEFAULT_PORTS})
+    layout = ls.throwaway_layout("lattice-serve-so-")
+    home = layout.home
     try:
         ls.start_postgres(layout)
         ls.start_redis(layout)
