@@ -84,10 +84,13 @@ def requests_from_window(config, paths, n: int) -> list[dict]:
 
 
 def http_bench(url: str, reqs: list[dict], singles: int, batches: int, batch_size: int = 256,
-               pin_pid: int | None = None) -> dict:
+               pin_pid: int | None = None, sync=None) -> dict:
     """One keep-alive connection from the standard library's HTTP client (httpx adds about 2 ms
     per call on this machine, which would be measured as server latency). `pin_pid`: reconnect
-    until the connection is served by that uvicorn worker (its /healthz says its pid)."""
+    until the connection is served by that uvicorn worker (its /healthz says its pid). `sync`:
+    called after the warm-up and after the single requests (several clients wait there for each
+    other, so that single requests are timed against single-request load, not against another
+    client's warm-up or batches)."""
     import http.client
     from urllib.parse import urlparse
 
@@ -113,11 +116,15 @@ def http_bench(url: str, reqs: list[dict], singles: int, batches: int, batch_siz
     try:
         for b in bodies[:20]:  # warm-up
             post(b)
+        if sync is not None:
+            sync()
         single = []
         for i in range(singles):
             t = time.perf_counter()
             post(bodies[i % len(bodies)])
             single.append((time.perf_counter() - t) * 1e3)
+        if sync is not None:
+            sync()
         # distinct consecutive rows of the test window per batch, so the entity cache sees the
         # traffic's real repeat rate (Zipf ids), not one batch replayed
         chunks = [reqs[i:i + batch_size] for i in range(0, len(reqs) - batch_size + 1, batch_size)]
@@ -299,10 +306,10 @@ def _padding_values(config, store):
         yield view, blobs
 
 
-def _client(url: str, reqs: list[dict], singles: int, batches: int, want_pid: int | None, start, out) -> None:
-    """One client process; its connection is pinned to worker `want_pid` (None: any)."""
-    start.wait()
-    out.put(http_bench(url, reqs, singles, batches, pin_pid=want_pid))
+def _client(url: str, reqs: list[dict], singles: int, batches: int, want_pid: int | None, phases, out) -> None:
+    """One client process; its connection is pinned to worker `want_pid` (None: any). `phases`:
+    the barrier of all clients, before the single requests and before the batches."""
+    out.put(http_bench(url, reqs, singles, batches, pin_pid=want_pid, sync=lambda: phases.wait(timeout=600)))
 
 
 def measure_workers(url: str, reqs: list[dict], args, workers: int) -> dict:
@@ -316,12 +323,12 @@ def measure_workers(url: str, reqs: list[dict], args, workers: int) -> dict:
         if len(pids) >= workers:
             break
     ctx = mp.get_context("fork")
-    start, out = ctx.Event(), ctx.Queue()
-    procs = [ctx.Process(target=_client, args=(url, reqs, args.singles, args.batches, pid if workers > 1 else None, start, out))
-             for pid in sorted(pids)[:workers]]
+    clients = sorted(pids)[:workers]
+    phases, out = ctx.Barrier(len(clients)), ctx.Queue()
+    procs = [ctx.Process(target=_client, args=(url, reqs, args.singles, args.batches, pid if workers > 1 else None, phases, out))
+             for pid in clients]
     for p in procs:
         p.start()
-    start.set()
     res = [out.get(timeout=1800) for _ in procs]
     for p in procs:
         p.join()
