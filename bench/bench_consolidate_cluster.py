@@ -53,7 +53,10 @@ def run_once(cfg_file: Path, master: str, workdir: Path, partitions: int) -> dic
                         "--workdir", str(workdir), "--master", master], env=env, capture_output=True, text=True)
     wall = time.perf_counter() - t
     if r.returncode:
-        raise SystemExit(f"consolidation on {master} failed:\n{r.stderr[-3000:]}")
+        # the root cause (a driver heap error, say) is usually far above the last lines
+        workdir.mkdir(parents=True, exist_ok=True)
+        (workdir / "driver.log").write_text(r.stderr)
+        raise SystemExit(f"consolidation on {master} failed (its whole log: {workdir / 'driver.log'}):\n{r.stderr[-3000:]}")
     out = json.loads(r.stdout[r.stdout.index("{"):])
     timings = out.get("timings", {})
     return {"wall_s": wall, "job_s": timings.get("total", wall) - timings.get("spark_session", 0.0)}
