@@ -192,21 +192,16 @@ RATIOS = [("torchrec_2ranks", "plain_1thread"), ("torchrec_2ranks", "plain_2thre
 
 
 def _launch(nodes: int, ranks: int, script: list[str], env: dict) -> subprocess.CompletedProcess:
-    """One throughput run: in-process, one torchrun, or one torchrun per loopback node (as
-    `lattice.training.launch` starts a scale-out run with `local_nodes`)."""
-    head = [sys.executable, "-m", "torch.distributed.run"]
-    if nodes == 1:
-        launch = [sys.executable] if ranks == 1 else head + [f"--nproc_per_node={ranks}", "--nnodes=1",
-                                                             "--master_addr=127.0.0.1", "--master_port=29517"]
-        return subprocess.run(launch + script, env=env, capture_output=True, text=True)
-    from lattice.training.launch import free_port
+    """One throughput run: in-process, one torchrun, or one torchrun per loopback node, each with
+    the launcher options `lattice train` uses for that layout (`lattice.training.launch`)."""
+    from lattice.training.launch import Launch, free_port
 
-    endpoint, run_id = f"127.0.0.1:{free_port()}", f"bench{os.getpid()}{time.monotonic_ns()}"
-    procs = [subprocess.Popen(head + ["--nnodes", str(nodes), "--node-rank", str(i), "--rdzv-backend", "c10d",
-                                      "--rdzv-endpoint", endpoint, "--rdzv-id", run_id, "--nproc-per-node", str(ranks),
-                                      "--max-restarts", "0", "--rdzv-conf", f"is_host={int(i == 0)}",
-                                      "--local-addr", "127.0.0.1"] + script,
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(nodes)]
+    if nodes == ranks == 1:
+        return subprocess.run([sys.executable] + script, env=env, capture_output=True, text=True)
+    endpoint = None if nodes == 1 else f"127.0.0.1:{free_port()}"
+    lay = Launch(nodes, ranks, endpoint, True, f"bench{os.getpid()}{time.monotonic_ns()}")
+    procs = [subprocess.Popen(lay.torchrun(i) + script, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for i in range(nodes)]
     outs = [p.communicate() for p in procs]
     code = next((p.returncode for p in procs if p.returncode), 0)
     return subprocess.CompletedProcess(procs[0].args, code, outs[0][0], "\n".join(e for _, e in outs))

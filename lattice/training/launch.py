@@ -55,11 +55,16 @@ class Launch:
         return self.nnodes * self.nproc_per_node
 
     def command(self, spec_path: Path, node_rank: int = 0) -> list[str]:
+        """Node `node_rank`'s command for the training worker of `spec_path`."""
+        return self.torchrun(node_rank) + ["-m", "lattice.training.worker", str(spec_path)]
+
+    def torchrun(self, node_rank: int = 0) -> list[str]:
+        """Node `node_rank`'s torchrun launcher and its options, without the script it runs
+        (the benchmarks start their own script with the same layout)."""
         head = [sys.executable, "-m", "torch.distributed.run"]
-        tail = ["-m", "lattice.training.worker", str(spec_path)]
         if self.rdzv_endpoint is None:  # the embedded command of every release so far
             return head + [f"--nproc_per_node={self.nproc_per_node}", "--nnodes=1", "--master_addr=127.0.0.1",
-                           f"--master_port={free_port()}"] + tail
+                           f"--master_port={free_port()}"]
         opts = ["--nnodes", str(self.nnodes), "--node-rank", str(node_rank), "--rdzv-backend", "c10d",
                 "--rdzv-endpoint", self.rdzv_endpoint, "--rdzv-id", self.run_id,
                 "--nproc-per-node", str(self.nproc_per_node), "--max-restarts", "0"]
@@ -67,7 +72,7 @@ class Launch:
             # node 0 hosts the rendezvous store (not whichever launcher binds first) and every
             # node's workers bind to loopback
             opts += ["--rdzv-conf", f"is_host={int(node_rank == 0)}", "--local-addr", "127.0.0.1"]
-        return head + opts + tail
+        return head + opts
 
 
 def layout(config, nproc: int | None, run_id: str) -> Launch:
