@@ -496,8 +496,20 @@ class Training(Strict):
     """Adam learning rate of the dense parameters (interaction layers, MLPs, projections); see
     `lr_decay_to`."""
     lr_sparse: float = Field(default=0.05, gt=0)
-    """Learning rate of the embedding tables' `sparse_optimizer`, applied inside the backward pass;
-    constant."""
+    """Learning rate of the embedding tables' `sparse_optimizer`, applied inside the backward pass,
+    for the first epoch (see `lr_sparse_after_first_epoch`)."""
+    lr_sparse_after_first_epoch: float = Field(default=0.0, ge=0, le=1)
+    """The tables' learning rate from the second epoch on, as a fraction of `lr_sparse` (0, the
+    default, freezes them: later epochs fine-tune the dense part on the first epoch's embeddings).
+    CTR models with id embeddings over-fit as soon as they see the training rows a second time
+    (validation NE jumped 0.06-0.8 at epoch 2 on every set measured); with the tables frozen and
+    `lr_dense_after_first_epoch` 0.1 the rise at epoch 2 stayed within noise (bench/README.md,
+    "One-epoch collapse"). 1 keeps the rate constant."""
+    lr_dense_after_first_epoch: float = Field(default=0.1, ge=0, le=1)
+    """The dense learning rate from the second epoch on, as a fraction of the `lr_decay_to`
+    schedule's rate (0 freezes the dense part after the first epoch; 1 keeps the schedule). With
+    the tables frozen the dense part alone still over-fits a second full-rate pass on small data
+    (Avazu, Criteo, MIND, Douban samples); a tenth of the rate lets later epochs refine it."""
     lr_decay_to: float = Field(default=1.0, gt=0, le=1)
     """The dense learning rate at the end of the last epoch, as a fraction of lr_dense: it falls
     linearly over the planned steps (epochs x training rows / batch_size). Below 1, training ends

@@ -163,7 +163,7 @@ def load(trainer: Trainer, folder: Path, meta: dict) -> None:
                               "without --resume") from exc
     # dcp.load fills tensors in place (the live views above) and replaces plain objects in `sd`
     named = dict(_dense_params(trainer))
-    index = {id(p): i for i, p in enumerate(trainer.dense_opt.param_groups[0]["params"])}
+    index = {id(p): i for i, p in enumerate(p for g in trainer.dense_opt.param_groups for p in g["params"])}
     opt = trainer.dense_opt.state_dict()
     opt["state"] = {index[id(named[n])]: s for n, s in sd["dense_opt"].items()}
     trainer.dense_opt.load_state_dict(opt)

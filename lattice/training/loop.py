@@ -142,8 +142,14 @@ class Trainer:
                     print(f"[lattice] note: {note}", flush=True)
             (self.dir / "plan.json").write_text(json.dumps(self.plan_json, indent=1))
         self.model = D.wrap(model, self.plan, self.device)
-        dense = [p for _, p in in_backward_optimizer_filter(self.model.named_parameters())]
-        self.dense_opt = torch.optim.Adam(dense, lr=tr.lr_dense)
+        dense = in_backward_optimizer_filter(self.model.named_parameters())
+        # group 1: data-parallel tables, whose dense kernel leaves their update to this optimizer;
+        # they follow the tables' schedule (lr_sparse_after_first_epoch) on top of the dense one
+        groups: list[list] = [[], []]
+        for name, p in dense:
+            groups[".embedding_bags." in name].append(p)
+        self.dense_opt = torch.optim.Adam([{"params": g} for g in groups], lr=tr.lr_dense)
+        self.dense_lr_factor = self.table_lr_factor = 1.0  # the after-first-epoch factors, set per epoch
         train_rows = table_rows(Path(spec.table)) * (1 - tr.validation_fraction - tr.test_fraction)
         self.planned_steps = max(1, math.ceil(spec.epochs * train_rows / tr.batch_size))
         self.estimated_epoch_steps = max(1, math.ceil(train_rows / tr.batch_size))
@@ -175,6 +181,7 @@ class Trainer:
         st, spec = self.state, self.spec
         loader = self.loader("train")
         loader.set_epoch(epoch)
+        self._set_later_epoch_lr(epoch)
         it = iter(loader)
         for _ in range(st.step_in_epoch):  # resume: replay the data position
             next(it, None)
@@ -269,8 +276,24 @@ class Trainer:
         of the step alone, so a resumed run follows the same schedule."""
         tr = self.config.training
         lr = tr.lr_dense * (1 - (1 - tr.lr_decay_to) * min(1.0, step / self.planned_steps))
-        for group in self.dense_opt.param_groups:
+        dense, tables = self.dense_opt.param_groups
+        dense["lr"], tables["lr"] = lr * self.dense_lr_factor, lr * self.table_lr_factor
+
+    def _set_later_epoch_lr(self, epoch: int) -> None:
+        """The rates' factors after the first epoch: the tables' rate is `lr_sparse` in the first
+        epoch and `lr_sparse * lr_sparse_after_first_epoch` after it (data-parallel tables, which
+        the dense optimizer updates: the same factor on the dense rate); the dense part's factor is
+        `lr_dense_after_first_epoch`. A function of the epoch alone, so a resume follows it."""
+        tr = self.config.training
+        self.table_lr_factor = 1.0 if epoch == 0 else tr.lr_sparse_after_first_epoch
+        self.dense_lr_factor = 1.0 if epoch == 0 else tr.lr_dense_after_first_epoch
+        lr = tr.lr_sparse * self.table_lr_factor
+        fused = self.model.fused_optimizer  # the sharded tables' kernels; data-parallel ones: _set_dense_lr
+        for group in fused.param_groups:
             group["lr"] = lr
+        # TorchRec's fused optimizers hand param_groups' rate to their kernels in zero_grad and step
+        # (the update itself runs inside backward, so neither touches a weight)
+        fused.zero_grad()
 
     @torch.no_grad()
     def validate(self) -> dict[str, float]:
