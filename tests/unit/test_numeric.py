@@ -201,7 +201,7 @@ def test_stats_without_quantiles_say_how_to_refit(demo) -> None:
     model = build_model(_with_numeric(tiny(demo), "teacher", "ple"), "teacher", N_DENSE)
     with pytest.raises(ValueError, match="refit"):
         fit_numeric(model, stats)
-    fit_numeric(build_model(tiny(demo), "teacher", N_DENSE), stats)  # none: nothing to fit, no error
+    fit_numeric(build_model(_with_numeric(tiny(demo), "teacher", "none"), "teacher", N_DENSE), stats)  # none: nothing to fit, no error
 
 
 @pytest.mark.parametrize("encoding", ENCODINGS)
