@@ -99,7 +99,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("config", help="platform config YAML, e.g. configs/demo.yaml")
     p.add_argument("--model", default="teacher", choices=CHOICES, help="what to train (all-baselines: those enabled in models.baselines)")
     p.add_argument("--nproc", type=int, default=None,
-                   help="ranks (per node with the scale-out profile) for torchrun (default: training.nproc; 1 = in this process)")
+                   help="ranks (per node with the scale-out profile) for torchrun (default: training.nproc; 1 = in this process; 0 = one per GPU, else 1)")
     p.add_argument("--epochs", type=int, default=None, help="default: training.epochs")
     p.add_argument("--workdir", default=None, help="default: the config's workdir (or $LATTICE_WORKDIR)")
     p.add_argument("--teacher-scores", default=None, help="parquet of example_id + p_<objective> (distillation)")

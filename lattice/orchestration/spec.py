@@ -116,7 +116,8 @@ def _training(config: PlatformConfig, what: str) -> list[ParamSpec]:
     return [
         _int("epochs", config.training.epochs, "Epochs", f"Passes over the training set for the {what}.", 1, 100),
         _int("nproc", config.training.nproc, "Training processes",
-             "torchrun processes (ranks) sharing the embedding tables; 1 trains without sharding.", 1, 64),
+             "torchrun processes (ranks) sharing the embedding tables; 1 trains without sharding; "
+             "0 chooses from the machine (one per GPU, else 1).", 0, 64),
         ParamSpec("fp8", None, "FP8",
                   f"Train the {what} with FP8 GEMMs at the sites the probe finds safe (fp8.enabled); "
                   "empty keeps the config's setting.", {"type": ["null", "boolean"]}),
@@ -264,7 +265,8 @@ def dag_specs(config: PlatformConfig) -> list[DagSpec]:
                 _int("trials", config.tune.trials, "Trials",
                      "Trials of the study in total; a rerun of the same study runs only the missing ones.", 1, 10_000),
                 _int("epochs", config.tune.epochs, "Epochs per trial", "Training epochs of every trial.", 1, 100),
-                _int("nproc", config.training.nproc, "Training processes", "torchrun ranks of every trial.", 1, 64),
+                _int("nproc", config.training.nproc, "Training processes",
+                     "torchrun ranks of every trial (0: chosen from the machine).", 0, 64),
                 ParamSpec("study", None, "Study", "Study name (default: the model); a new name starts a new study.",
                           {"type": ["null", "string"]}),
             ],

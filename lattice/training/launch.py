@@ -75,14 +75,27 @@ class Launch:
         return head + opts
 
 
+def auto_nproc(config) -> int:
+    """`training.nproc: 0`: one rank per GPU when the run trains on CUDA, else one process (the
+    ranks of a CPU machine would share its cores; see the config reference)."""
+    import torch
+
+    from lattice.training.distributed import choose_device
+
+    if choose_device(config.training.device).type == "cuda":
+        return max(1, torch.cuda.device_count())
+    return 1
+
+
 def layout(config, nproc: int | None, run_id: str) -> Launch:
-    """The run's layout from the deployment profile; `nproc` (--nproc) sets the ranks per node."""
+    """The run's layout from the deployment profile; `nproc` (--nproc) sets the ranks per node
+    (None or 0: the profile's, then `training.nproc`, then `auto_nproc`)."""
     from lattice.deploy.profile import ProfileError, services
 
     tr = services(config).torchrun
     if not services(config).scale_out:
-        return Launch(1, nproc or config.training.nproc, None, False, run_id)
-    per_node = nproc or tr.nproc_per_node or config.training.nproc
+        return Launch(1, nproc or config.training.nproc or auto_nproc(config), None, False, run_id)
+    per_node = nproc or tr.nproc_per_node or config.training.nproc or auto_nproc(config)
     endpoint = tr.rdzv_endpoint or (f"127.0.0.1:{free_port()}" if tr.local_nodes or tr.nnodes == 1 else None)
     if endpoint is None:
         raise ProfileError("the scale-out profile's torchrun.rdzv_endpoint is empty: a multi-node run needs the "

@@ -144,3 +144,19 @@ def test_failure_summary_names_rank_node_and_resume() -> None:
     err = launch.RankFailed("teacher", lay, failure, 1, "lattice train c.yaml --model teacher --resume")
     assert "rank 3 (node 1, local rank 1) died: killed by signal 9" in str(err)
     assert str(err).endswith("Resume from the last checkpoint with: lattice train c.yaml --model teacher --resume")
+
+
+def test_nproc_zero_is_chosen_from_the_machine(config, monkeypatch) -> None:
+    """training.nproc 0 (the default): one process on CPU, one rank per GPU on CUDA; --nproc wins."""
+    auto = config.model_copy(update={"training": config.training.model_copy(update={"nproc": 0, "device": "auto"})})
+    assert type(config.training).model_fields["nproc"].default == 0
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert launch.layout(auto, None, "r").world == 1 and launch.layout(auto, 0, "r").world == 1
+    assert launch.layout(auto, 2, "r").world == 2
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    assert launch.layout(auto, None, "r").world == 4
+    cpu = auto.model_copy(update={"training": auto.training.model_copy(update={"device": "cpu"})})
+    assert launch.layout(cpu, None, "r").world == 1
+    fixed = auto.model_copy(update={"training": auto.training.model_copy(update={"nproc": 3})})
+    assert launch.layout(fixed, None, "r").world == 3
