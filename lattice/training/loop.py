@@ -149,7 +149,6 @@ class Trainer:
         for name, p in dense:
             groups[".embedding_bags." in name].append(p)
         self.dense_opt = torch.optim.Adam([{"params": g} for g in groups], lr=tr.lr_dense)
-        self.dense_lr_factor = self.table_lr_factor = 1.0  # the after-first-epoch factors, set per epoch
         train_rows = table_rows(Path(spec.table)) * (1 - tr.validation_fraction - tr.test_fraction)
         self.planned_steps = max(1, math.ceil(spec.epochs * train_rows / tr.batch_size))
         self.estimated_epoch_steps = max(1, math.ceil(train_rows / tr.batch_size))
@@ -181,7 +180,7 @@ class Trainer:
         st, spec = self.state, self.spec
         loader = self.loader("train")
         loader.set_epoch(epoch)
-        self._set_later_epoch_lr(epoch)
+        self._set_table_lr()
         it = iter(loader)
         for _ in range(st.step_in_epoch):  # resume: replay the data position
             next(it, None)
@@ -277,17 +276,20 @@ class Trainer:
         tr = self.config.training
         lr = tr.lr_dense * (1 - (1 - tr.lr_decay_to) * min(1.0, step / self.planned_steps))
         dense, tables = self.dense_opt.param_groups
-        dense["lr"], tables["lr"] = lr * self.dense_lr_factor, lr * self.table_lr_factor
+        dense["lr"] = lr * self._after_first_epoch(tr.lr_dense_after_first_epoch)
+        tables["lr"] = lr * self._after_first_epoch(tr.lr_sparse_after_first_epoch)
 
-    def _set_later_epoch_lr(self, epoch: int) -> None:
-        """The rates' factors after the first epoch: the tables' rate is `lr_sparse` in the first
-        epoch and `lr_sparse * lr_sparse_after_first_epoch` after it (data-parallel tables, which
-        the dense optimizer updates: the same factor on the dense rate); the dense part's factor is
-        `lr_dense_after_first_epoch`. A function of the epoch alone, so a resume follows it."""
+    def _after_first_epoch(self, factor: float) -> float:
+        """A rate's factor in the current epoch: 1 in the first, `factor` after it; a function of
+        the epoch alone, so a resumed run follows the same schedule."""
+        return 1.0 if self.state.epoch == 0 else factor
+
+    def _set_table_lr(self) -> None:
+        """The fused tables' rate for the current epoch: `lr_sparse`, times
+        `lr_sparse_after_first_epoch` after the first (data-parallel tables, which the dense
+        optimizer updates, take the same factor in `_set_dense_lr`)."""
         tr = self.config.training
-        self.table_lr_factor = 1.0 if epoch == 0 else tr.lr_sparse_after_first_epoch
-        self.dense_lr_factor = 1.0 if epoch == 0 else tr.lr_dense_after_first_epoch
-        lr = tr.lr_sparse * self.table_lr_factor
+        lr = tr.lr_sparse * self._after_first_epoch(tr.lr_sparse_after_first_epoch)
         fused = self.model.fused_optimizer  # the sharded tables' kernels; data-parallel ones: _set_dense_lr
         for group in fused.param_groups:
             group["lr"] = lr
