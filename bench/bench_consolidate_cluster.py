@@ -47,7 +47,7 @@ def make_data(rows: int, base: Path) -> Path:
 
 
 def run_once(cfg_file: Path, master: str, workdir: Path, partitions: int) -> dict:
-    env = dict(os.environ, LATTICE_SHUFFLE_PARTITIONS=str(partitions), LATTICE_SPARK_MEMORY=os.environ.get("LATTICE_SPARK_MEMORY", "2g"))
+    env = dict(os.environ, LATTICE_SHUFFLE_PARTITIONS=str(partitions), LATTICE_SPARK_MEMORY=os.environ.get("LATTICE_SPARK_MEMORY", "4g"))
     t = time.perf_counter()
     r = subprocess.run([sys.executable, str(ROOT / "pipelines" / "consolidate.py"), "--config", str(cfg_file),
                         "--workdir", str(workdir), "--master", master], env=env, capture_output=True, text=True)

@@ -45,6 +45,22 @@ def _loopback(master: str) -> bool:
     return host in ("127.0.0.1", "localhost", "::1")
 
 
+def _executor_memory(master: str) -> str | None:
+    """The heap of each executor on a cluster master: LATTICE_SPARK_EXECUTOR_MEMORY, else, for the
+    loopback cluster of the scale-out profile, what its workers offer (Spark's own default of 1g
+    ran out of heap consolidating 10M rows, relaunching executors that lost their shuffle files),
+    else the cluster's own spark-defaults. local[*] runs in the driver's heap and needs none."""
+    if master.startswith("local"):
+        return None
+    if os.environ.get("LATTICE_SPARK_EXECUTOR_MEMORY"):
+        return os.environ["LATTICE_SPARK_EXECUTOR_MEMORY"]
+    if _loopback(master):
+        from lattice.deploy.spark_cluster import WORKER_MEMORY
+
+        return WORKER_MEMORY
+    return None
+
+
 def get_spark(master: str | None = None, app_name: str = "lattice-features", shuffle_partitions: int | None = None,
               config=None):
     """The active session if there is one (tests share a single session), else a new one on
@@ -73,6 +89,9 @@ def get_spark(master: str | None = None, app_name: str = "lattice-features", shu
         )
         if host:
             builder = builder.config("spark.driver.host", host).config("spark.driver.bindAddress", host)
+        executor_memory = _executor_memory(master)
+        if executor_memory:
+            builder = builder.config("spark.executor.memory", executor_memory)
         for k, v in RUNTIME_CONF.items():
             builder = builder.config(k, v)
         spark = builder.getOrCreate()

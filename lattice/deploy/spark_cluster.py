@@ -19,6 +19,10 @@ from lattice.deploy.local_services import Layout, ServiceError
 
 WORKERS = 2
 WORKER_CORES = 1
+# what each worker offers, and the heap the platform's drivers ask per executor on this cluster
+# (pipelines/spark.py): one executor per worker. 3g x 2 next to a 4g driver fits this 24 GiB box;
+# at 1g (Spark's default) a 10M-row consolidation ran out of executor heap.
+WORKER_MEMORY = "3g"
 MASTER_CLASS = "org.apache.spark.deploy.master.Master"
 WORKER_CLASS = "org.apache.spark.deploy.worker.Worker"
 
@@ -78,7 +82,7 @@ def start_master(layout: Layout) -> None:
         raise ServiceError(f"the Spark master did not answer within 120 s; see {layout.logs / 'spark-master.log'}")
 
 
-def start_worker(layout: Layout, i: int, memory: str = "1536m") -> None:
+def start_worker(layout: Layout, i: int, memory: str = WORKER_MEMORY) -> None:
     pid = _pidfile(layout, f"worker{i}")
     if P.running(pid):
         return
