@@ -27,7 +27,8 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from lattice.export.fp8_serving import SERVING_TYPES, serving_form
 from lattice.models.gemm import GemmSite
 from lattice.hashing.zch import ZCHRemap
-from lattice.models.remap import IdentityRemap, KJTRemap
+from lattice.models.remap import IdentityRemap, KJTRemap, ModuloRemap
+from lattice.models.sparse import SparseArch
 
 
 class ScriptableRemap(nn.Module):
@@ -53,6 +54,66 @@ class InRangeRemap(nn.Module):
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:  # (N,) -> (N,)
         return torch.remainder(ids, self.rows)
+
+
+class FusedSparse(nn.Module):
+    """A `SparseArch` whose features all take one table through a modulo remap (`hashing: modulo`
+    or `none`, the defaults), as one lookup: every table's rows stacked in one weight, each narrow
+    table's projection to the token width folded into its rows (the tables are sum-pooled and the
+    projections linear without bias, so projecting the rows equals projecting their sum), each id
+    taken mod its table's rows and shifted to the table's first row, and one `embedding_bag` over
+    all F x B bags. At batch 1 the collection's per-table calls, its KJT bookkeeping and the
+    per-feature projections were most of the exported student's forward, which decides single-request
+    latency; this is a dozen ops in their place. Export compares the artifact with the eager model
+    (`lattice.export.stages`), which covers the folding's rounding."""
+
+    def __init__(self, arch: nn.Module, remaps: List[nn.Module]):
+        super().__init__()
+        weights: List[torch.Tensor] = []
+        for key, compression in zip(arch.keys, arch.compress.compressions()):
+            w = arch.ebc.embedding_bags[f"t_{compression.sub_keys[0]}"].weight.detach()
+            if key in arch.proj:
+                w = w @ arch.proj[key].weight.detach().t()  # (rows, d) -> (rows, D)
+            weights.append(w)
+        self.n_keys = len(weights)
+        self.weight = nn.Parameter(torch.cat(weights), requires_grad=False)
+        rows = torch.tensor([int(m.rows) for m in remaps], dtype=torch.int64)
+        self.register_buffer("rows", rows)
+        self.register_buffer("starts", torch.cumsum(rows, 0) - rows)
+
+    def forward(self, kjt: KeyedJaggedTensor) -> torch.Tensor:
+        values, lengths = kjt.values(), kjt.lengths()
+        per_key = lengths.view(self.n_keys, -1).sum(1)  # ids of each feature
+        ids = torch.remainder(values, torch.repeat_interleave(self.rows, per_key)) + torch.repeat_interleave(self.starts, per_key)
+        offsets = torch.cat([torch.zeros(1, dtype=lengths.dtype), torch.cumsum(lengths, 0)])
+        # the aten op itself (mode 0 = sum, include_last_offset): F.embedding_bag's Python wrapper
+        # is inlined by the FX trace into code TorchScript rejects
+        pooled = torch.embedding_bag(self.weight, ids, offsets, False, 0, False, None, True)[0]  # (F*B, D)
+        return pooled.view(self.n_keys, -1, pooled.shape[1]).transpose(0, 1)  # (B, F, D)
+
+
+def _modulo_remaps(arch: nn.Module) -> List[nn.Module] | None:
+    """The per-feature modulo remaps of a SparseArch (after `_swap`), or None when any feature
+    uses another scheme (vocab, qr, mixed, zch, learned: they keep the general path)."""
+    from lattice.hashing.modules import RemapCompression
+
+    out = []
+    for c in arch.compress.compressions():
+        if type(c) is not RemapCompression or not isinstance(c.remap, (ModuloRemap, InRangeRemap)):
+            return None
+        out.append(c.remap)
+    return out
+
+
+def fuse_sparse(module: nn.Module) -> None:
+    """Swap every SparseArch made of modulo-remapped single tables for `FusedSparse`."""
+    for name, child in list(module.named_children()):
+        if isinstance(child, SparseArch):
+            remaps = _modulo_remaps(child)
+            if remaps is not None:
+                setattr(module, name, FusedSparse(child, remaps))
+        else:
+            fuse_sparse(child)
 
 
 class Probabilities(nn.Module):
@@ -101,6 +162,8 @@ def serving_module(model: nn.Module, int8: bool = False) -> nn.Module:
         from torchrec.inference.modules import quantize_embeddings
 
         m = quantize_embeddings(m, dtype=torch.qint8, inplace=True)
+    else:
+        fuse_sparse(m)
     return Probabilities(m).eval()
 
 

@@ -509,3 +509,29 @@ def test_compressed_tables_take_fbgemms_fused_kernel(demo, scheme, keys) -> None
     dmp = D.wrap(model, planner.collective_plan(model, [EmbeddingBagCollectionSharder()], dist.GroupMember.WORLD))
     out = dmp(torch.randn(8, 4), kjt_for(cfg, np.random.default_rng(0), 8), torch.arange(8) % 3)
     assert all(torch.isfinite(v).all() for v in out.values())
+
+
+@pytest.mark.parametrize("scheme", ["modulo", "none", "qr"])
+def test_the_artifact_fuses_modulo_tables_into_one_lookup(demo, scheme) -> None:
+    """`modulo` / `none` models serve their tables as one stacked lookup with the narrow tables'
+    projections folded in (FusedSparse): the same probabilities as eager, at batch 1 and with
+    empty bags and extreme ids; any other scheme keeps the general path."""
+    from lattice.export.serving_module import FusedSparse, script, serving_module
+
+    cfg = with_scheme(demo, scheme)
+    torch.manual_seed(0)
+    model = build_model(cfg, "teacher", 4)
+    _train(model, cfg, 5)
+    model.eval()
+    fused = [m for m in serving_module(model).modules() if isinstance(m, FusedSparse)]
+    assert len(fused) == (1 if scheme != "qr" else 0)
+    assert model.sparse.proj  # the tiny teacher has narrow tables whose projections get folded
+    artifact = script(model)
+    for batch in (1, 24):
+        kjt = kjt_for(cfg, np.random.default_rng(batch), batch, extra=HUGE)
+        dense, domain = torch.randn(batch, 4), torch.arange(batch) % 3
+        with torch.no_grad():
+            eager = {k: torch.sigmoid(v) for k, v in model(dense, kjt, domain).items()}
+        got = artifact(dense, kjt, domain)
+        for o in eager:
+            torch.testing.assert_close(got[o], eager[o], rtol=0, atol=1e-6)
