@@ -317,10 +317,57 @@ class BatchLoader:
         self.stream.set_epoch(epoch)
 
     def __iter__(self) -> Iterator[Batch]:
-        dl = DataLoader(self.stream, batch_size=None, num_workers=self.num_workers,
-                        prefetch_factor=4 if self.num_workers else None)
-        for arrs in dl:
-            yield to_batch(self.config, {k: (v.numpy() if isinstance(v, torch.Tensor) else v) for k, v in arrs.items()})
+        if not self.num_workers:
+            for arrs in self.stream:
+                yield to_batch(self.config, arrs)
+            return
+        dl = DataLoader(_Packed(self.stream), batch_size=None, num_workers=self.num_workers, prefetch_factor=4)
+        for packed in dl:
+            yield to_batch(self.config, unpack(packed))
+
+
+PACK_KEY = "__packed__"
+
+
+def pack(arrs: dict[str, np.ndarray]) -> dict:
+    """A batch's 1-D numeric columns stacked into one 2-D array per dtype (ids, presence flags,
+    labels and masks of every feature and objective). A worker process hands each array to the
+    trainer as its own shared-memory segment, with a socket round trip per array; with one id and
+    one flag array per sparse feature that was ~50 transfers a batch, and a third of a small
+    table's training time (Avazu: 1.9 of 5.1 s, cProfile). Packed, it is a handful."""
+    groups: dict[str, list[str]] = {}
+    out: dict = {}
+    for k, v in arrs.items():
+        if v.ndim == 1 and v.dtype != object:
+            groups.setdefault(v.dtype.str, []).append(k)
+        else:
+            out[k] = v
+    out[PACK_KEY] = [(dtype, keys) for dtype, keys in groups.items()]
+    for i, (dtype, keys) in enumerate(out[PACK_KEY]):
+        out[f"{PACK_KEY}{i}"] = np.stack([arrs[k] for k in keys])
+    return out
+
+
+def unpack(packed: dict) -> dict[str, np.ndarray]:
+    """`pack`'s inverse (tensors from the DataLoader or arrays): the same keys and values, each
+    1-D column a row view of its stacked array."""
+    out = {k: (v.numpy() if isinstance(v, torch.Tensor) else v) for k, v in packed.items()
+           if not k.startswith(PACK_KEY)}
+    for i, (_, keys) in enumerate(packed[PACK_KEY]):
+        stacked = packed[f"{PACK_KEY}{i}"]
+        stacked = stacked.numpy() if isinstance(stacked, torch.Tensor) else stacked
+        out.update(zip(keys, stacked))
+    return out
+
+
+class _Packed(IterableDataset):
+    """The stream's batches `pack`ed inside the worker process."""
+
+    def __init__(self, stream: "ExampleStream"):
+        self.stream = stream
+
+    def __iter__(self) -> Iterator[dict]:
+        return (pack(arrs) for arrs in self.stream)
 
 
 def fit_dense_stats(config: PlatformConfig, root: Path) -> DenseStats:
