@@ -535,3 +535,27 @@ def test_the_artifact_fuses_modulo_tables_into_one_lookup(demo, scheme) -> None:
         got = artifact(dense, kjt, domain)
         for o in eager:
             torch.testing.assert_close(got[o], eager[o], rtol=0, atol=1e-6)
+
+
+def test_int8_artifact_stores_smaller_tables(demo, tmp_path) -> None:
+    """INT8 row-wise tables (promotion.int8_embeddings) keep the per-table path and store a
+    smaller artifact than the FP32 one with its fused lookup, once tables are wide enough for
+    a row's scale and bias to pay (here 32 wide)."""
+    import zipfile
+
+    from lattice.config.schema import ModelSize
+    from lattice.export.serving_module import script
+
+    cfg = demo.model_copy(update={"models": demo.models.model_copy(update={"teacher": ModelSize(embedding_dim=32, num_layers=1)})})
+    sparse = [f.model_copy(update={"embedding_dim": 32}) for f in cfg.features.sparse]
+    cfg = cfg.model_copy(update={"features": cfg.features.model_copy(update={"sparse": sparse})})
+    model = build_model(cfg, "teacher", 4).eval()
+
+    def data_bytes(int8: bool) -> int:
+        path = tmp_path / f"int8_{int8}.pt"
+        script(model, int8=int8).save(str(path))
+        return sum(i.file_size for i in zipfile.ZipFile(path).infolist() if "/data/" in i.filename)
+
+    tables = sum(budget_rows(f, cfg.models.teacher) * 32 * 4 for f in cfg.features.sparse)
+    fp32, int8 = data_bytes(False), data_bytes(True)
+    assert fp32 - int8 > 0.5 * tables, (fp32, int8, tables)  # FP32 rows of 128 bytes against 32 + scale/bias
