@@ -275,7 +275,7 @@ class OnlineFeatures:
             for i in np.flatnonzero(missing).tolist():
                 unknown[i].append(key)
         # copies: the columns share rows with the cache, which must keep its NaNs. np.where, not
-        # np.nan_to_num: a tenth of its cost per column, which a single request pays per aggregate
+        # np.nan_to_num: a third of its cost per column, which a single request pays per aggregate
         # (an inf stays inf here instead of becoming the float maximum; the dense transform clips
         # both to the same train bound)
         return {c: np.where(np.isnan(v), 0.0, v) for c, v in out.items()}, unknown
