@@ -83,7 +83,7 @@ def run_one(config, paths, model: str, tag: str, epochs: int | None) -> dict:
         from lattice.hashing.fit import fit_hashing
 
         t = time.perf_counter()
-        fit_hashing(config, paths)
+        fit_hashing(config, paths, seed=config.training.seed)
         fit_s = time.perf_counter() - t
     name = f"{model}@{tag}"
     t = time.perf_counter()
@@ -127,7 +127,7 @@ def plot(name: str, results: dict, dest: Path) -> None:
 
 def bench_dataset(name: str, args) -> dict:
     config, paths = prepare(name, args.rows, Path(args.workdir))
-    config = config.model_copy(update={"training": config.training.model_copy(update={"nproc": 1})})
+    config = config.model_copy(update={"training": config.training.model_copy(update={"nproc": 1, "seed": args.seed})})
     distinct = distinct_ids(config, paths)
     big = {k: v for k, v in distinct.items() if v >= args.min_ids}
     print(f"[{name}] distinct training ids of the compressed features: {big}", flush=True)
@@ -135,7 +135,7 @@ def bench_dataset(name: str, args) -> dict:
     runs = [("full", variant(config, distinct, "vocab", 1, args.min_ids))]
     runs += [(f"{s}@{r}x", variant(config, distinct, s, r, args.min_ids)) for r in args.ratios for s in args.schemes]
     # figures are written after every run, so a long bench that is stopped keeps what it finished
-    partial = paths.workdir / f"bench_hashing_{args.model}_epochs{args.epochs}.json"
+    partial = paths.workdir / f"bench_hashing_{args.model}_epochs{args.epochs}{f'_seed{args.seed}' if args.seed else ''}.json"
     done = json.loads(partial.read_text()) if args.reuse and partial.exists() else {}
     for tag, cfg in runs:
         if tag in done:
@@ -180,6 +180,7 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=None, help="default: the config's training.epochs")
     p.add_argument("--schemes", type=lambda s: s.split(","), default=list(SCHEMES))
     p.add_argument("--ratios", type=lambda s: [int(x) for x in s.split(",")], default=list(RATIOS))
+    p.add_argument("--seed", type=int, default=0, help="training.seed of every run, and the seed of the hash fit")
     p.add_argument("--min-ids", type=int, default=256, help="compress the features with at least this many distinct ids")
     p.add_argument("--workdir", default=str(ROOT / ".lattice" / "bench_hashing"))
     p.add_argument("--reuse", action="store_true", help="keep the runs a previous bench of the same model and epochs finished")

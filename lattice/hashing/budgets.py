@@ -42,4 +42,4 @@ def needs_fit(config: PlatformConfig) -> list[SparseFeature]:
 
 def fit_keys(feature: SparseFeature) -> dict[str, object]:
     """The feature's keys a fit depends on (part of the fit's fingerprint)."""
-    return {k: getattr(feature, k) for k in FIT_KEYS}
+    return {k: feature.fit_min_count() if k == "min_count" else getattr(feature, k) for k in FIT_KEYS}

@@ -7,10 +7,13 @@ keys `lattice.hashing.store` documents).
 * `mixed`: the same ranks; `rows_of` is the frequency rank (0 = most frequent) and `counts` are
   there for the model's α-power rule, which cuts the ranks into blocks of different widths.
 * `learned`: the top `learned_frequent_share · R` ids get rows of their own; the other kept ids
-  are clustered (`lattice.hashing.cluster`) into the rows left after the
-  `learned_unseen_share · R` rows reserved for ids never seen (or seen fewer than `min_count`
-  times), which hash into that range. When the kept ids fit the budget outright, every one
-  gets its own row and nothing is clustered.
+  are clustered (`lattice.hashing.cluster`) into the rows left after the range reserved for ids
+  never seen or seen fewer than `min_count` times (3 unless set), which hash into it. That range
+  gets at least `learned_unseen_share · R` rows, more when the ids below `min_count` carry more
+  of the traffic outside the head (rows follow traffic, as they do among clusters). The rare ids
+  train it, so it is what an unseen id looks like, and they stay out of the map, which the
+  served artifact carries. When the kept ids fit the budget outright, every one gets its own row,
+  nothing is clustered, and the range takes the rows they leave if any id is below `min_count`.
 """
 
 from __future__ import annotations
@@ -57,13 +60,13 @@ def _finish(feature: SparseFeature, budget: int, stats: IdStats, window: Window,
 
 def ranked_map(feature: SparseFeature, budget: int, stats: IdStats, window: Window, seconds: float = 0.0) -> dict[str, Any]:
     """`vocab` and `mixed`: frequency ranks, capped at budget - 1 ids, one out-of-vocabulary row."""
-    order = frequency_order(stats, feature.min_count)
+    order = frequency_order(stats, feature.fit_min_count())
     cap = budget - 1
     if len(order) > cap:
         dropped = len(order) - cap
         log.warning("sparse feature %r (hashing %s, %d rows): %d of %d ids seen >= %d times do not fit and share the "
                     "out-of-vocabulary row with unseen ids; raise num_embeddings or min_count",
-                    feature.name, feature.hashing, budget, dropped, len(order), feature.min_count)
+                    feature.name, feature.hashing, budget, dropped, len(order), feature.fit_min_count())
         order = order[:cap]
     n = len(order)
     return _finish(feature, budget, stats, window, order, np.arange(n), oov_start=n, oov_rows=1, frequent=n, seconds=seconds)
@@ -76,15 +79,29 @@ def learned_split(budget: int, frequent_share: float, unseen_share: float) -> tu
     return frequent, budget - unseen - frequent, unseen
 
 
+def unseen_rows_for_traffic(stats: IdStats, order: np.ndarray, n_freq: int, n_clu: int, n_unseen: int) -> tuple[int, int]:
+    """(clustered rows, unseen rows) once the hashed range gets its share of the rows outside the
+    frequent head by the traffic it serves there: the rows of ids below min_count (unseen ids
+    have none in the window). Never fewer unseen rows than asked for, never no clustered row."""
+    outside_head = stats.present_rows - int(stats.counts[order[:n_freq]].sum())
+    below = stats.present_rows - int(stats.counts[order].sum())
+    want = int(round((n_clu + n_unseen) * below / outside_head)) if outside_head > 0 else 0
+    unseen = max(n_unseen, min(want, n_clu + n_unseen - 1))
+    return n_clu + n_unseen - unseen, unseen
+
+
 def learned_map(feature: SparseFeature, budget: int, stats: IdStats, window: Window, seed: int = 0,
                 seconds: float = 0.0) -> dict[str, Any]:
     """`learned`: own rows for the frequent ids, clustered rows for the rest, a hashed unseen range."""
     n_freq, n_clu, n_unseen = learned_split(budget, feature.learned_frequent_share, feature.learned_unseen_share)
-    order = frequency_order(stats, feature.min_count)
+    order = frequency_order(stats, feature.fit_min_count())
     if len(order) <= n_freq + n_clu:  # every kept id fits: no id has to share
         n = len(order)
-        return _finish(feature, budget, stats, window, order, np.arange(n), oov_start=n, oov_rows=n_unseen,
-                       frequent=n, seconds=seconds)
+        # ids below min_count hash into the range: it takes the rows the kept ids leave
+        below = stats.present_rows > int(stats.counts[order].sum())
+        return _finish(feature, budget, stats, window, order, np.arange(n), oov_start=n,
+                       oov_rows=budget - n if below else n_unseen, frequent=n, seconds=seconds)
+    n_clu, n_unseen = unseen_rows_for_traffic(stats, order, n_freq, n_clu, n_unseen)
     head, tail = order[:n_freq], order[n_freq:]
     if n_clu == 0:
         log.warning("sparse feature %r (hashing learned, %d rows): no rows left to cluster into; %d seen ids fall into "

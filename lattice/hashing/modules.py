@@ -86,7 +86,7 @@ def sorted_lookup(values: torch.Tensor, ids: torch.Tensor, rows_of: torch.Tensor
     negative and huge ids land in the range too."""
     pos = torch.searchsorted(ids, values).clamp(max=last)  # (N,) first index with ids[pos] >= id
     hit = ids[pos] == values
-    return torch.where(hit, rows_of[pos], torch.remainder(values, oov_rows) + oov_start)
+    return torch.where(hit, rows_of[pos].to(torch.int64), torch.remainder(values, oov_rows) + oov_start)
 
 
 class FittedLookup(nn.Module):
@@ -105,7 +105,9 @@ class FittedLookup(nn.Module):
             ids = torch.zeros(1, dtype=torch.int64)
             rows_of = torch.full((1,), oov_start, dtype=torch.int64)
         self.register_buffer("ids", ids.to(torch.int64).contiguous(), persistent=False)
-        self.register_buffer("rows_of", rows_of.to(torch.int64).contiguous(), persistent=False)
+        # rows fit int32 (a table has fewer than 2^31 rows): 12 bytes per mapped id in the
+        # artifact instead of 16
+        self.register_buffer("rows_of", rows_of.to(torch.int32).contiguous(), persistent=False)
         self.last = int(ids.numel()) - 1
         self.oov_start, self.oov_rows, self.rows = int(oov_start), int(oov_rows), int(rows)
 

@@ -211,7 +211,7 @@ def test_missing_fit_names_the_command(tmp_path) -> None:
 def test_stale_fit_is_detected(fitted_table, tmp_path, spark) -> None:
     cfg, paths, _, _ = fitted_table
     # other hashing keys than the fit's
-    changed = _config(tmp_path, min_count=3)
+    changed = _config(tmp_path, min_count=4)
     with pytest.raises(FitStaleError, match=r"ad_id.*min_count.*lattice hashing fit"):
         load_fitted(changed, paths)
     # a model size that needs another row budget
@@ -318,3 +318,35 @@ def test_rare_ids_rows_never_follow_their_own_few_labels() -> None:
     lift = representation(stats, window, np.arange(4))[:, 0]
     assert lift[0] == lift[1] == 0.0  # 3 of 3 clicks and 0 of 3 look alike
     assert lift[2] > 0 > lift[3]  # from MIN_LIFT_ROWS on, the lift counts
+
+
+def test_rare_ids_stay_out_of_the_map_and_train_the_unseen_range() -> None:
+    """`learned` keeps ids seen fewer than min_count (3 unless set) out of its map: they hash
+    into the range unseen ids are served from, so that range is trained, and it gets the rows of
+    the traffic it serves outside the frequent head."""
+    from lattice.config.schema import LEARNED_MIN_COUNT, SparseFeature
+    from lattice.hashing.id_stats import IdStats, Window
+    from lattice.hashing.maps import learned_map
+
+    counts = np.array([1000] * 10 + [20] * 40 + [1, 2] * 100)  # head, mid, 200 rare ids
+    n = len(counts)
+    ids = np.arange(n, dtype=np.int64) * 7919 + 5
+    stats = IdStats("x", ids, counts, counts[:, None], counts[:, None, None], (counts // 10)[:, None],
+                    int(counts.sum()), 0.0)
+    window = Window(int(counts.sum()), None, None, True, np.array([[int(counts.sum())]]), np.array([[int(counts.sum()) // 10]]))
+    feature = SparseFeature(name="x", column="x", hashing="learned", num_embeddings=40, learned_frequent_share=0.25)
+    assert feature.fit_min_count() == LEARNED_MIN_COUNT == 3
+    m = learned_map(feature, 40, stats, window)
+    rare, kept = ids[50:], ids[:50]
+    assert set(m["ids"].tolist()) == set(kept.tolist())
+    in_range = lambda r: (r >= m["oov_start"]) & (r < m["oov_start"] + m["oov_rows"])  # noqa: E731
+    assert in_range(lookup(m, rare)).all() and in_range(lookup(m, np.array([-1, 2**62, 123456789]))).all()
+    # rows outside the head: 30; rare ids carry 300 of the 1,100 rows there, so 8 rows (not 5% of 40 = 2)
+    assert m["frequent"] == 10 and m["oov_rows"] == round(30 * 300 / 1100)
+    assert m["table_rows"] <= 40 and len(np.unique(lookup(m, rare))) > 2
+    # a budget the kept ids fit: they get a row each, the rare ids the rows left
+    roomy = learned_map(feature, 400, stats, window)
+    assert len(roomy["ids"]) == 50 and (roomy["oov_start"], roomy["oov_rows"], roomy["table_rows"]) == (50, 350, 400)
+    # min_count 1 maps every seen id and keeps the 5% range, which no training row then reaches
+    every = learned_map(feature.model_copy(update={"min_count": 1}), 40, stats, window)
+    assert len(every["ids"]) == n and every["oov_rows"] == 2

@@ -97,7 +97,7 @@ def fitted_for(cfg: PlatformConfig, seed: int = 0, n: int = 4000) -> dict:
     for f in cfg.features.sparse:
         if f.hashing in FITTED:
             raw = traffic(rng, n)
-            out[f.name] = {budget_rows(f, s): fit_by_hand(f.name, f.hashing, budget_rows(f, s), raw, f.min_count)
+            out[f.name] = {budget_rows(f, s): fit_by_hand(f.name, f.hashing, budget_rows(f, s), raw, f.fit_min_count())
                            for s in sizes}
     return out
 
@@ -449,7 +449,7 @@ def test_cost_reports_real_parameters_and_the_lookup_buffers(demo) -> None:
     v = model_cost(build_model(vocab, "teacher", 4, fitted=fitted), vocab, 4)
     n_ids = sum(len(fitted[f][budget_rows(next(s for s in vocab.features.sparse if s.name == f), vocab.models.teacher)]["ids"])
                 for f in COMPRESSED)
-    assert v["lookup_bytes"] == 16 * n_ids  # sorted ids + their rows, int64 each
+    assert v["lookup_bytes"] == 12 * n_ids  # sorted int64 ids + their int32 rows
     assert v["embedding_params"] < base["embedding_params"]  # vocab tables hold the fitted ids only
     mixed = with_scheme(demo, "mixed")
     m = model_cost(build_model(mixed, "teacher", 4, fitted=fitted_for(mixed)), mixed, 4)
