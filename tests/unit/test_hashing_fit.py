@@ -344,9 +344,9 @@ def test_rare_ids_stay_out_of_the_map_and_train_the_unseen_range() -> None:
     # rows outside the head: 30; rare ids carry 300 of the 1,100 rows there, so 8 rows (not 5% of 40 = 2)
     assert m["frequent"] == 10 and m["oov_rows"] == round(30 * 300 / 1100)
     assert m["table_rows"] <= 40 and len(np.unique(lookup(m, rare))) > 2
-    # a budget the kept ids fit: they get a row each, the rare ids the rows left
+    # a budget the kept ids fit: a row each, and the rare ids share the 5% range (20 of 400 rows)
     roomy = learned_map(feature, 400, stats, window)
-    assert len(roomy["ids"]) == 50 and (roomy["oov_start"], roomy["oov_rows"], roomy["table_rows"]) == (50, 350, 400)
+    assert len(roomy["ids"]) == 50 and (roomy["oov_start"], roomy["oov_rows"], roomy["table_rows"]) == (50, 20, 70)
     # min_count 1 maps every seen id and keeps the 5% range, which no training row then reaches
     every = learned_map(feature.model_copy(update={"min_count": 1}), 40, stats, window)
     assert len(every["ids"]) == n and every["oov_rows"] == 2
