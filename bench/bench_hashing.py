@@ -186,7 +186,7 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0, help="training.seed of every run, and the seed of the hash fit")
     p.add_argument("--min-ids", type=int, default=256, help="compress the features with at least this many distinct ids")
     p.add_argument("--workdir", default=str(ROOT / ".lattice" / "bench_hashing"))
-    p.add_argument("--reuse", action="store_true", help="keep the runs a previous bench of the same model and epochs finished")
+    p.add_argument("--reuse", action="store_true", help="keep the runs a previous bench of the same model, epochs and seed finished")
     args = p.parse_args()
     print(f"machine: {platform.machine()}, {os.cpu_count()} cpus, python {platform.python_version()}, "
           f"load avg {os.getloadavg()[0]:.1f}", flush=True)
