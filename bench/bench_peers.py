@@ -6,6 +6,7 @@ torch-rechub 0.9.0's multi-task models (MMOE, PLE, SharedBottom; ESMM when an ob
     nice .venv/bin/python bench/bench_peers.py                          # every shipped real-data config
     nice .venv/bin/python bench/bench_peers.py --configs configs/mind.yaml,configs/douban.yaml --epochs 1
     nice .venv/bin/python bench/bench_peers.py --configs configs/avazu.yaml --epochs 2 --seeds 0,1 --reuse
+    nice .venv/bin/python bench/bench_peers.py --configs configs/taobao.yaml --epochs 1 --esmm buy=engage
 
 torch-rechub is a bench extra (`pip install -e .[bench]` would pull CUDA torch: install it with
 `.venv/bin/pip install --no-deps torch-rechub==0.9.0`); without it the rechub rows are skipped.
@@ -18,9 +19,13 @@ train with a minimal loop (MTLTrainer has no per-row label mask): Adam at MTLTra
 where mask_<objective> = 1, the towers' output biases started at the train base rate's logit and
 the best validation epoch's weights kept, as the platform trainer does (with rechub's zero biases,
 1-2 epochs at lr 1e-3 leave a 5% label's predictions near 0.5: NE about 3 on MIND).
-NE is lattice.evaluation.metrics.cell_metrics for every model. Examples/s: training examples over
-training seconds (validation and data setup excluded), every model on the same `--threads`
-(torch.set_num_threads and LightGBM num_threads); for the boosters, train rows fitted per second
+NE is lattice.evaluation.metrics.cell_metrics for every model. After each table, every model's macro
+NE per objective minus the teacher's on the same test rows (first seed), with the paired bootstrap
+95% interval of `lattice evaluate`, and whether the teacher is best or within noise of the best. Examples/s: training examples over
+training seconds (validation and data setup excluded). Threads: the platform's torch models choose
+their intra-op threads as `lattice train` does (`training.threads` 0: from the model's dense FLOPs
+per step), the rechub models run on the number the Lattice teacher chose for the same data (the same
+cores and layout), LightGBM on every core; `--threads N` puts every model on N. For the boosters, train rows fitted per second
 of lgb.train (all rounds). The JSON keeps each epoch's rate too: the Lattice teacher's first epoch
 on MIND runs at a tenth of its second (about 400 against 4,000 examples/s), which pulls its 2-epoch
 figure down. Prints one table per dataset; figures in .lattice/bench/bench_peers.json.
@@ -92,9 +97,11 @@ def run_lattice(config, paths, models: list[str], epochs: int | None, label: str
                 n, secs = sum(h["examples"] for h in hist), sum(h["examples"] / h["examples_per_s"] for h in hist)
             else:
                 n, secs = sum(r for r, _ in fit_log), sum(s for _, s in fit_log)
+            preds = pd.read_parquet(paths.model_dir(m) / "predictions.parquet")
             out[f"lattice {m}"] = {
-                "cells": q["cells"][m], "by_objective": q["macro_ne_by_objective"][m], "train_examples": int(n),
-                "train_seconds": secs, "examples_per_s": n / max(secs, 1e-9), "epoch_examples_per_s": [h["examples_per_s"] for h in hist]}
+                "test_predictions": preds, "cells": q["cells"][m], "by_objective": q["macro_ne_by_objective"][m], "train_examples": int(n),
+                "train_seconds": secs, "examples_per_s": n / max(secs, 1e-9), "epoch_examples_per_s": [h["examples_per_s"] for h in hist],
+                "threads": summary.get("threads")}
     finally:
         gbdt_stage.fit_booster = fit_booster
     return out
@@ -124,14 +131,15 @@ def rechub_inputs(config, paths) -> tuple[dict, np.ndarray, list[str], dict]:
     if arrs["dense"].shape[1]:
         x["dense"] = arrs["dense"].astype(np.float32)
     targets = {k: arrs[k] for k in arrs if k.startswith(("label:", "mask:"))}
-    return {"x": x, "y": targets, "domain": arrs["domain"]}, split, list(columns), vocab
+    return {"x": x, "y": targets, "domain": arrs["domain"], "example_id": arrs["example_id"]}, split, list(columns), vocab
 
 
-def rechub_models(config, sparse: list[str], vocab: dict, n_dense: int) -> dict:
+def rechub_models(config, sparse: list[str], vocab: dict, n_dense: int, esmm: tuple[str, str] | None = None) -> dict:
     """name -> (a function that builds the module, its (output column, objective) pairs). Sizes
     follow the platform's baselines (models.baselines.size): 4 experts of [128, 64] (PLE: 2 per
     objective and 2 shared, on 2 levels), towers of head_dims, embeddings of embedding_dim for
-    every sparse feature (ESMM needs one width)."""
+    every sparse feature (ESMM needs one width). ESMM runs on the config's first `given:` chain, or
+    on `esmm` = (chained objective, given objective) when the platform's config has none."""
     from torch_rechub.basic.features import DenseFeature, SparseFeature
     from torch_rechub.models.multi_task import ESMM, MMOE, PLE, SharedBottom
 
@@ -153,7 +161,8 @@ def rechub_models(config, sparse: list[str], vocab: dict, n_dense: int) -> dict:
            "rechub_ple": (lambda: PLE(feats(), tasks, n_level=2, n_expert_specific=2, n_expert_shared=2,
                                       expert_params=expert, tower_params_list=towers), every),
            "rechub_sharedbottom": (lambda: SharedBottom(feats(), tasks, bottom_params=expert, tower_params_list=towers), every)}
-    chained = [(o.given, o.name) for o in config.objectives if o.given]
+    pair = [esmm[::-1]] if esmm and set(esmm) <= set(objs) else []  # a dataset without that pair runs no ESMM
+    chained = [(o.given, o.name) for o in config.objectives if o.given] or pair
     if chained:  # ESMM outputs [cvr, ctr, ctcvr]: ctr is P(given), ctcvr the chained objective (every impression)
         given, name = chained[0]
 
@@ -200,7 +209,8 @@ def train_rechub(config, make, heads, data: dict, split: np.ndarray, epochs: int
         model.eval()
         idx = torch.from_numpy(np.flatnonzero(split == name))
         probs = torch.cat([model({k: v[idx[i:i + 4096]] for k, v in tensors.items()}) for i in range(0, len(idx), 4096)])
-        frame = {"domain": np.asarray(config.domain_names, object)[data["domain"][idx.numpy()]]}
+        frame = {"example_id": data["example_id"][idx.numpy()],
+                 "domain": np.asarray(config.domain_names, object)[data["domain"][idx.numpy()]]}
         for o in config.objective_names:
             frame[f"p_{o}"] = np.full(len(idx), rates[o])  # an objective the model has no head for: its base rate
             frame[f"label_{o}"], frame[f"mask_{o}"] = data["y"][f"label:{o}"][idx.numpy()], data["y"][f"mask:{o}"][idx.numpy()]
@@ -233,8 +243,9 @@ def train_rechub(config, make, heads, data: dict, split: np.ndarray, epochs: int
         if val < best or best_state is None:
             best, best_state = val, copy.deepcopy(model.state_dict())
     model.load_state_dict(best_state)
-    metrics = cell_metrics(config, predict("test"))
-    return {"cells": {c: v["ne"] for c, v in metrics["cells"].items()}, "by_objective": {o: v["ne"] for o, v in metrics["by_objective"].items()},
+    test = predict("test")
+    metrics = cell_metrics(config, test)
+    return {"test_predictions": test, "cells": {c: v["ne"] for c, v in metrics["cells"].items()}, "by_objective": {o: v["ne"] for o, v in metrics["by_objective"].items()},
             "train_examples": n, "train_seconds": secs, "examples_per_s": n / max(secs, 1e-9), "epoch_examples_per_s": per_epoch,
             "val_macro_ne": best}
 
@@ -257,11 +268,50 @@ def table(config, rows: dict[str, list[dict]]) -> str:
     return "\n".join([line(head), line(["-" * w for w in widths])] + [line(r) for r in body])
 
 
+def versus_reference(config, rows: dict[str, list[dict]], reference: str = "lattice teacher") -> dict:
+    """The goal's check on the first seed's test rows: per objective, NE(model) - NE(reference) with
+    the paired bootstrap 95% interval (lattice.evaluation.compare), for every other model; the
+    reference meets the goal on an objective when no model is better by more than noise."""
+    from lattice.evaluation.compare import RowsDiffer, paired_bootstrap
+
+    if reference not in rows:
+        return {}
+    ref = rows[reference][0]["test_predictions"]
+    pairs = {}
+    for name, runs in rows.items():
+        if name == reference:
+            continue
+        try:
+            pairs[name] = paired_bootstrap(config, ref, runs[0]["test_predictions"])["by_objective"]
+        except RowsDiffer as e:
+            pairs[name] = {"error": str(e)}
+    met = {o: not any(v.get(o, {}).get("verdict") == "B better" for v in pairs.values()) for o in config.objective_names}
+    return {"reference": reference, "pairs": pairs, "met": met}
+
+
+def versus_lines(found: dict) -> str:
+    if not found:
+        return ""
+    lines = [f"NE(model) - NE({found['reference']}) per objective on the same test rows, paired bootstrap 95% interval "
+             "(negative: the model is better)"]
+    for name, objs in found["pairs"].items():
+        if "error" in objs:
+            lines.append(f"  {name}: not compared: {objs['error']}")
+            continue
+        lines.append(f"  {name}: " + "; ".join(f"{o} {v['ne_diff']:+.4f} [{v['low']:+.4f}, {v['high']:+.4f}] {v['verdict']}"
+                                              for o, v in objs.items()))
+    lines.append(f"{found['reference']} best or within noise of the best, per objective: {found['met']}")
+    return "\n".join(lines) + "\n"
+
+
 def run_dataset(cfg_file: str, args, with_rechub: bool) -> dict:
     from lattice.config import load_config
     from lattice.paths import Paths
 
-    overrides = [f"models.baselines.trees.num_threads={args.threads}", *args.overrides]
+    from lattice.training.gbdt_stage import machine_threads
+
+    pinned = [f"training.threads={args.threads}"] if args.threads else []
+    overrides = [f"models.baselines.trees.num_threads={args.threads or machine_threads()}", *pinned, *args.overrides]
     config = load_config(cfg_file, overrides)
     paths = Paths.for_config(config, Path(args.workdir) / config.name)
     paths.ensure()
@@ -278,27 +328,38 @@ def run_dataset(cfg_file: str, args, with_rechub: bool) -> dict:
     epochs = args.epochs or config.training.epochs
     rows: dict[str, list[dict]] = {}
     data = None
+    threads: dict[str, int | None] = {}
     for seed in args.seeds:
         cfg = load_config(cfg_file, overrides + [f"training.seed={seed}"])
         for name, r in run_lattice(cfg, paths, args.lattice_models, epochs, f"[{config.name} seed {seed}] ").items():
             rows.setdefault(name, []).append(r | {"seed": seed, "load_avg": os.getloadavg()[0]})
+            threads[name] = r["threads"]
         if not with_rechub:
             continue
+        # rechub on the teacher's layout: the same cores, split the same way
+        rechub_threads = args.threads or threads.get("lattice teacher") or torch.get_num_threads()
+        torch.set_num_threads(rechub_threads)
+        threads["rechub"] = rechub_threads
         if data is None:
             t = time.perf_counter()
             data, split, sparse, vocab = rechub_inputs(cfg, paths)
             print(f"[{config.name}] rechub inputs: {len(split):,} rows ({', '.join(f'{s} {int((split == s).sum()):,}' for s in ('train', 'validation', 'test'))}), "
                   f"vocabularies {vocab} ({time.perf_counter() - t:.0f}s)", flush=True)
         n_dense = data["x"]["dense"].shape[1] if "dense" in data["x"] else 0
-        for name, (make, heads) in rechub_models(cfg, sparse, vocab, n_dense).items():
+        for name, (make, heads) in rechub_models(cfg, sparse, vocab, n_dense, args.esmm).items():
             t = time.perf_counter()
             r = train_rechub(cfg, make, heads, data, split, epochs, seed, args.rechub_lr)
             print(f"[{config.name} seed {seed}] {name}: {time.perf_counter() - t:.0f}s, val macro NE {r['val_macro_ne']:.4f}, "
                   f"test {', '.join(f'{o} {v:.4f}' for o, v in r['by_objective'].items())}", flush=True)
             rows.setdefault(name, []).append(r | {"seed": seed, "load_avg": os.getloadavg()[0]})
     print(f"\n[{config.name}] test NE per (domain, objective), macro NE per objective, training examples/s "
-          f"({epochs} epoch(s), seeds {','.join(map(str, args.seeds))}, {args.threads} thread(s) each)\n" + table(config, rows) + "\n", flush=True)
-    return {"epochs": epochs, "threads": args.threads, "seeds": args.seeds, "models": rows}
+          f"({epochs} epoch(s), seeds {','.join(map(str, args.seeds))}, torch threads {threads})\n" + table(config, rows) + "\n", flush=True)
+    found = versus_reference(config, rows)
+    print(versus_lines(found), flush=True)
+    for runs in rows.values():  # the predictions are for the intervals, not for the JSON
+        for r in runs:
+            r.pop("test_predictions", None)
+    return {"epochs": epochs, "threads": threads, "seeds": args.seeds, "models": rows, "versus_teacher": found}
 
 
 def main() -> None:
@@ -308,18 +369,24 @@ def main() -> None:
     p.add_argument("--configs", default=REAL_CONFIGS)
     p.add_argument("--epochs", type=int, default=None, help="default: each config's training.epochs")
     p.add_argument("--seeds", type=lambda s: [int(x) for x in s.split(",")], default=[0])
-    p.add_argument("--threads", type=int, default=machine_threads(), help="torch and LightGBM threads for every model")
+    p.add_argument("--threads", type=int, default=None,
+                   help=f"torch and LightGBM threads for every model (default: each platform model chooses, as `lattice train` "
+                        f"does; rechub takes the teacher's choice; LightGBM {machine_threads()})")
     p.add_argument("--lattice-models", type=lambda s: [m for m in s.split(",") if m], default=["teacher", "mmoe", "gbdt", "gbdt_cell"])
     p.add_argument("--no-rechub", action="store_true", help="platform models only")
     p.add_argument("--rechub-lr", type=float, default=1e-3, help="Adam learning rate of the rechub models (MTLTrainer's default)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE",
                    help="a config change for every model (repeatable; not for the feature stage), e.g. --set objectives.buy.given=engage")
+    p.add_argument("--esmm", type=lambda s: tuple(s.split("=")), default=None, metavar="CHAINED=GIVEN",
+                   help="run rechub's ESMM on this pair of objectives while the platform's models keep the config "
+                        "as shipped, e.g. --esmm buy=engage (default: the config's own `given:` chain, if any)")
     p.add_argument("--workdir", default=str(ROOT / ".lattice" / "bench_peers"))
     p.add_argument("--reuse", action="store_true", help="keep a training set an earlier run built")
     args = p.parse_args()
-    torch.set_num_threads(args.threads)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     print(f"machine: {platform.machine()}, {os.cpu_count()} cpus, python {platform.python_version()}, torch {torch.__version__}, "
-          f"{args.threads} thread(s) per model, load avg {os.getloadavg()[0]:.1f}", flush=True)
+          f"threads {args.threads or 'chosen per model'}, load avg {os.getloadavg()[0]:.1f}", flush=True)
     with_rechub = not args.no_rechub and rechub_available()
     out = {}
     for cfg in args.configs.split(","):

@@ -555,6 +555,12 @@ class Training(Strict):
     cores 1 process trained 1.5-1.8x faster end to end than 2 ranks at 200k demo rows and 4-6x faster
     on the 8k-row Avazu and MIND samples (bench/README.md). Multi-process sharding on CPU is for
     tables that outgrow one process, and for multi-node runs (the scale-out profile)."""
+    threads: int = Field(default=0, ge=0)
+    """Intra-op threads of each CPU training rank (torch.set_num_threads). 0 (the default) chooses
+    from the model: one thread per 300 MFLOP of dense forward work per step and rank, at least 1,
+    at most the rank's share of the cores (lattice.training.threads). The small networks of CTR
+    models gain little from splitting each op: on 2 cores one thread trained 1.5-4.6x faster than
+    two at 20-130 MFLOP per step (bench/README.md), two were faster at 715. Ignored on CUDA."""
     sharding_types: list[Literal["table_wise", "column_wise", "table_column_wise", "data_parallel", "row_wise",
                                  "table_row_wise"]] = Field(
         default_factory=lambda: ["table_wise", "column_wise", "data_parallel", "row_wise", "table_row_wise"]

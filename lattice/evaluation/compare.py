@@ -108,8 +108,8 @@ def _verdict(lo: float, hi: float) -> str:
 
 def paired_bootstrap(config: PlatformConfig, a: pd.DataFrame, b: pd.DataFrame, resamples: int = RESAMPLES, seed: int = 0,
                      level: float = LEVEL) -> dict[str, Any]:
-    """NE(B) - NE(A) per cell and macro (mean over the cells with an NE) with a paired bootstrap
-    `level` percentile interval. `a`, `b`: test predictions (example_id, domain, p_<o>, label_<o>,
+    """NE(B) - NE(A) per cell, per objective (mean over its cells) and macro (mean over every cell
+    with an NE), each with a paired bootstrap `level` percentile interval. `a`, `b`: test predictions (example_id, domain, p_<o>, label_<o>,
     mask_<o>) of two models on the same rows (RowsDiffer otherwise). Negative: B is better."""
     a, b = aligned(a, b)
     cells, m = _columns(config, a, b)
@@ -131,14 +131,21 @@ def paired_bootstrap(config: PlatformConfig, a: pd.DataFrame, b: pd.DataFrame, r
         lo, hi = (float(x) for x in np.nanpercentile(g, q)) if defined[i] and np.isfinite(g).any() else (math.nan, math.nan)
         out_cells[cell] = {"ne_diff": float(point[i]), "low": lo, "high": hi, "verdict": _verdict(lo, hi),
                            "rows": int(m[:, 3 * i + 2].sum()), "positives": int(m[:, 3 * i + 1].sum())}
-    if defined.any():
+    def mean_of(columns: np.ndarray) -> dict[str, Any]:
+        """The mean gap over the chosen cells that have an NE, with its interval from the same resamples."""
+        use = columns & defined
+        if not use.any():
+            return {"ne_diff": math.nan, "low": math.nan, "high": math.nan, "verdict": "n/a"}
         with np.errstate(invalid="ignore"):
-            macro_r = np.nanmean(gaps[:, defined], axis=1)
-        lo, hi = (float(x) for x in np.nanpercentile(macro_r, q))
-        macro = {"ne_diff": float(point[defined].mean()), "low": lo, "high": hi, "verdict": _verdict(lo, hi)}
-    else:
-        macro = {"ne_diff": math.nan, "low": math.nan, "high": math.nan, "verdict": "n/a"}
-    return {"rows": int(len(a)), "resamples": int(resamples), "level": level, "seed": int(seed), "cells": out_cells, "macro": macro}
+            per_resample = np.nanmean(gaps[:, use], axis=1)
+        lo, hi = (float(x) for x in np.nanpercentile(per_resample, q))
+        return {"ne_diff": float(point[use].mean()), "low": lo, "high": hi, "verdict": _verdict(lo, hi)}
+
+    objective = np.array([c.split("/", 1)[1] for c in cells])
+    # per objective: the goal ("the teacher's macro NE on every objective") is judged objective by objective
+    by_objective = {o: mean_of(objective == o) for o in config.objective_names}
+    return {"rows": int(len(a)), "resamples": int(resamples), "level": level, "seed": int(seed), "cells": out_cells,
+            "by_objective": by_objective, "macro": mean_of(np.ones(len(cells), bool))}
 
 
 def compare_models(config: PlatformConfig, predictions: dict[str, pd.DataFrame], resamples: int = RESAMPLES,

@@ -50,7 +50,8 @@ def _signed(x: float | None) -> str:
 
 
 def comparison_lines(comparisons: list[dict]) -> list[str]:
-    """One line per model pair (macro) and per cell: NE(B) - NE(A) [95% interval] and the verdict."""
+    """One line per model pair (macro), per objective (when there are several) and per cell:
+    NE(B) - NE(A) [95% interval] and the verdict."""
     lines = []
     for c in comparisons:
         if "error" in c:
@@ -59,6 +60,9 @@ def comparison_lines(comparisons: list[dict]) -> list[str]:
         m = c["macro"]
         lines.append(f"{c['b']} - {c['a']}: macro NE {_signed(m['ne_diff'])} [{_signed(m['low'])}, {_signed(m['high'])}] "
                      f"{m['verdict']}")
+        objectives = c.get("by_objective") or {}
+        for o, v in objectives.items() if len(objectives) > 1 else ():
+            lines.append(f"    {'macro ' + o:24s} {_signed(v['ne_diff'])} [{_signed(v['low'])}, {_signed(v['high'])}] {v['verdict']}")
         for cell, v in c["cells"].items():
             lines.append(f"    {cell:24s} {_signed(v['ne_diff'])} [{_signed(v['low'])}, {_signed(v['high'])}] {v['verdict']}")
     return lines

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from torch.fx._symbolic_trace import is_fx_symbolic_tracing
 
 from lattice.config.schema import ModelSize
 from lattice.models.gemm import Linear, PairMatmul, TokenMix
@@ -93,10 +94,27 @@ class DomainUntied(nn.Module):
     def __init__(self, make: callable, n_domains: int):
         super().__init__()
         self.layers = nn.ModuleList([make() for _ in range(n_domains)])
+        first = self.layers[0]
+        self.n_out, self.dim = first.n_fm + first.n_lc, first.dim
 
     def forward(self, x: torch.Tensor, domain: torch.Tensor) -> torch.Tensor:  # (B, N, D), (B,)
-        out = torch.stack([layer(x) for layer in self.layers])  # (n_dom, B, n_out, D)
-        return out[domain, torch.arange(x.shape[0])]  # (B, n_out, D)
+        if not self.training or is_fx_symbolic_tracing():
+            # scoring (eval and the serving artifact) runs every copy on the whole batch and keeps
+            # each row's own: a request from one domain would give the other copies 0 rows, which
+            # the shapes of the FP8 serving forms cannot take, and an FP8 GEMM's scale follows the
+            # rows it sees, so eval and the artifact see the same rows and agree
+            every = torch.stack([layer(x) for layer in self.layers])  # (n_dom, B, n_out, D)
+            return every[domain, torch.arange(x.shape[0])]  # (B, n_out, D)
+        # training runs each copy on its own domain's rows only, skipping a domain
+        # absent from the batch (an FP8 scale or a probe has nothing to read in 0 rows). Every
+        # copy on every row did n_domains times the work: fwd+bwd of a 12-token layer, 2 threads,
+        # 4 domains, 7.6 -> 5.5 ms at batch 128 and 40 -> 15 ms at 2048
+        out = x.new_zeros(x.shape[0], self.n_out, self.dim)
+        for d, layer in enumerate(self.layers):
+            rows = (domain == d).nonzero().squeeze(1)
+            if rows.numel():
+                out = out.index_copy(0, rows, layer(x.index_select(0, rows)))
+        return out  # (B, n_out, D)
 
 
 def mlp(n_in: int, dims: list[int], n_out: int, dropout: float = 0.0, size: ModelSize | None = None,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -141,6 +142,9 @@ class Trainer:
                 for note in table_capacity_notes(self.config, self.stats.distinct_ids, self.stats.merged_ids):
                     print(f"[lattice] note: {note}", flush=True)
             (self.dir / "plan.json").write_text(json.dumps(self.plan_json, indent=1))
+        self.threads_before, self.threads = torch.get_num_threads(), None  # None: left to torch (CUDA)
+        if self.device.type == "cpu":
+            self._set_threads(model)
         self.model = D.wrap(model, self.plan, self.device)
         dense = in_backward_optimizer_filter(self.model.named_parameters())
         # group 1: data-parallel tables, whose dense kernel leaves their update to this optimizer;
@@ -154,6 +158,19 @@ class Trainer:
         self.estimated_epoch_steps = max(1, math.ceil(train_rows / tr.batch_size))
         self.state = TrainState()
         self.best: dict | None = None
+
+    def _set_threads(self, model: torch.nn.Module) -> None:
+        """This rank's intra-op threads (lattice.training.threads), from the model's dense FLOPs."""
+        from lattice.training.threads import intra_op_threads
+
+        flops = model_cost(model, self.config, self.n_dense)["dense_flops_per_example"]
+        model.train()  # model_cost scores in eval mode
+        per_node = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        self.threads, why = intra_op_threads(self.config.training.threads, flops,
+                                             max(1, self.config.training.batch_size // self.world), per_node)
+        torch.set_num_threads(self.threads)
+        if self.rank == 0:
+            print(f"[lattice] {self.spec.model}: {self.threads} intra-op thread(s) per rank ({why})", flush=True)
 
     # ------------------------------------------------------------ data
     def loader(self, split: str, with_truth: bool = False) -> BatchLoader:
@@ -467,6 +484,7 @@ class Trainer:
         return metrics
 
     def close(self) -> None:
+        torch.set_num_threads(self.threads_before)  # an in-process run leaves its caller's threads as they were
         if self.own_group and dist.is_initialized():
             dist.destroy_process_group()
 
@@ -485,7 +503,7 @@ def run(spec: RunSpec) -> dict:
                        "best_epoch": trainer.state.best_epoch, "best_step": trainer.state.best_step,
                        "global_steps": trainer.state.global_step, "eval_seconds": trainer.state.eval_seconds,
                        "macro": out["macro"], "cost": out["cost"], "history": trainer.state.history,
-                       "evals": trainer.state.evals}
+                       "evals": trainer.state.evals, "threads": trainer.threads}
             (trainer.dir / "summary.json").write_text(json.dumps(summary, indent=1))
             return summary
         return {}

@@ -64,6 +64,8 @@ def test_a_model_against_itself_is_exactly_zero(demo) -> None:
         assert c["ne_diff"] == 0.0 and c["low"] == 0.0 and c["high"] == 0.0, cell
         assert c["verdict"] == "within noise"
     assert (out["macro"]["ne_diff"], out["macro"]["low"], out["macro"]["high"]) == (0.0, 0.0, 0.0)
+    for o, v in out["by_objective"].items():
+        assert (v["ne_diff"], v["low"], v["high"], v["verdict"]) == (0.0, 0.0, 0.0, "within noise"), o
 
 
 def test_the_interval_covers_a_known_difference(demo) -> None:
@@ -80,6 +82,11 @@ def test_the_interval_covers_a_known_difference(demo) -> None:
         macro_truth = float(np.mean([truth[c.split("/")[1]] for c in out["cells"]]))
         total += 1
         covered += out["macro"]["low"] <= macro_truth <= out["macro"]["high"]
+        for o, v in out["by_objective"].items():  # every cell of an objective shares its true gap
+            total += 1
+            covered += v["low"] <= truth[o] <= v["high"]
+            mine = [out["cells"][c]["ne_diff"] for c in out["cells"] if c.endswith("/" + o)]
+            assert v["ne_diff"] == pytest.approx(np.mean(mine)), o
     assert covered / total >= 0.88, f"95% intervals covered the known difference {covered}/{total} times"
     assert set(verdicts) <= {"A better", "within noise"}  # never the wrong way round
     assert verdicts.count("A better") > len(verdicts) // 2

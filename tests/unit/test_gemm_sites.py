@@ -457,6 +457,10 @@ def test_scripted_artifact_with_fp8_sites_matches_the_eager_fp8_model(demo, kind
         got = artifact(*inputs)
     # probabilities: the artifact computes the eager model's quantised GEMMs (fp32 rounding only)
     assert max(float((got[o] - eager[o]).abs().max()) for o in eager) <= 1e-6
+    one = _inputs(cfg, n=1)  # one request, from one domain: the untied layer's other copies see it too
+    with torch.no_grad():
+        alone, eager_alone = artifact(*one), {o: torch.sigmoid(v) for o, v in model.eval()(*one).items()}
+    assert max(float((alone[o] - eager_alone[o]).abs().max()) for o in eager) <= 1e-6
     assert any(float((eager[o] - fp32[o]).abs().max()) > 0 for o in eager)  # FP8 did change the numbers
     n_weight_sites = sum(1 for _, s in sites(model) if s.weight_matrix() is not None)
     assert sum(p.dtype == torch.float8_e4m3fn for p in artifact.parameters()) == n_weight_sites

@@ -143,6 +143,26 @@ def test_domain_fm_weights_each_token_pair_by_its_domain(n_domains) -> None:
     assert not torch.allclose(fm(x, torch.zeros(5, dtype=torch.long)), fm(x, torch.ones(5, dtype=torch.long)))
 
 
+def test_domain_untied_runs_each_copy_on_its_own_rows_only() -> None:
+    from lattice.models.interaction import DomainUntied, WukongLayer
+
+    torch.manual_seed(0)
+    untied = DomainUntied(lambda: WukongLayer(5, 4, 8, 3), n_domains=3)
+    seen = {d: [] for d in range(3)}
+    for d, layer in enumerate(untied.layers):
+        layer.register_forward_pre_hook(lambda _m, args, d=d: seen[d].append(args[0].shape[0]))
+    x, domain = torch.randn(7, 5, 8, requires_grad=True), torch.tensor([1, 0, 1, 1, 0, 1, 0])  # domain 2 absent
+    got = untied(x, domain)
+    # what every copy would give on the whole batch, each row keeping its own domain's
+    want = torch.stack([layer(x) for layer in untied.layers])[domain, torch.arange(7)]
+    assert torch.allclose(got, want, atol=1e-6)
+    assert seen == {0: [3, 7], 1: [4, 7], 2: [7]}  # the first call saw 3 and 4 rows; copy 2 was skipped
+    untied.zero_grad()
+    got.sum().backward()
+    assert all(p.grad is None for p in untied.layers[2].parameters())  # an absent domain's copy is untouched
+    assert all(p.grad is not None for p in untied.layers[0].parameters())
+
+
 def test_teacher_with_domain_fm_trains_every_domain_weight(demo) -> None:
     cfg = tiny(demo)
     size = cfg.models.teacher.model_copy(update={"domain_fm": 2})
