@@ -18,7 +18,7 @@ from lattice.models.mods import Mods
 from lattice.models.numeric import NumericEncoder
 from lattice.models.sparse import SparseArch
 
-DENSE_TOKENS = 2
+DENSE_TOKENS = 2  # the dense tokens of every model saved before ModelSize.dense_tokens existed
 
 
 def set_head_bias(heads: nn.ModuleDict, rates: dict[str, float]) -> None:
@@ -54,10 +54,10 @@ class LatticeNet(nn.Module):
         d = size.embedding_dim
         n_domains = len(config.domain_names)
         self.sparse = SparseArch(config, size, fitted)
-        self.dense = DenseArch(n_dense, d, size=size) if n_dense else None
+        self.dense = DenseArch(n_dense, d, tokens=size.dense_tokens, size=size) if n_dense else None
         use_domain = size.domain_token if domain_token is None else domain_token
         self.domain = nn.Embedding(n_domains, d) if use_domain else None
-        n = self.sparse.num_tokens + (DENSE_TOKENS if n_dense else 0) + (1 if use_domain else 0)
+        n = self.sparse.num_tokens + (size.dense_tokens if n_dense else 0) + (1 if use_domain else 0)
         context = n  # tokens the heads see: the input tokens and every layer's output (below)
         # domain-weighted pairwise interactions of the input tokens, next to them in the context
         self.domain_fm = DomainFM(n, d, n_domains, size.domain_fm) if size.domain_fm else None

@@ -10,6 +10,7 @@ that was trained, calibration stage included.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,11 +43,24 @@ def saved_blob(*, name: str, kind: str, n_dense: int, stats: DenseStats, config:
             "hashing": fitted or {}, "fp8": fp8_plan, "state_dict": state_dict, **meta}
 
 
+def blob_config(blob: dict) -> PlatformConfig:
+    """The config a blob was trained with. A size key added after the blob was written takes the
+    value its model was built with (dense_tokens: 2), not today's default."""
+    from lattice.models.lattice_net import DENSE_TOKENS
+
+    cfg = copy.deepcopy(blob["config"])
+    models = cfg.get("models") or {}
+    for size in (models.get("teacher"), models.get("student"), (models.get("baselines") or {}).get("size")):
+        if isinstance(size, dict):
+            size.setdefault("dense_tokens", DENSE_TOKENS)
+    return PlatformConfig.model_validate(cfg)
+
+
 def rebuild(blob: dict, load_weights: bool = True, calibrated: bool = True) -> nn.Module:
     """The model a blob describes (weights loaded unless `load_weights` is false), eval mode. With
     calibration maps in the blob (training.calibration) it is `Calibrated(network, maps)`: its
     logits are calibrated for every consumer; `calibrated=False` gives the network alone."""
-    config = PlatformConfig.model_validate(blob["config"])
+    config = blob_config(blob)
     model = build_model(config, blob["kind"], int(blob["n_dense"]), fitted=blob.get("hashing") or None,
                         fp8_plan=blob.get("fp8"))
     if load_weights:
@@ -78,4 +92,4 @@ def load_saved(model_dir: Path) -> Saved:
     model.dense_stats = DenseStats.from_json(blob["dense_stats"])
     model.kind, model.n_dense = blob["kind"], int(blob["n_dense"])
     model.meta = {k: blob[k] for k in META_KEYS if k in blob}
-    return Saved(model, model.dense_stats, PlatformConfig.model_validate(blob["config"]), blob, path)
+    return Saved(model, model.dense_stats, blob_config(blob), blob, path)

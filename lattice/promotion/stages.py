@@ -48,7 +48,7 @@ def _fp32_cells(config: PlatformConfig, folder, window):
     FP8 (the gate's fp8_parity check); None otherwise."""
     from lattice.data.loader import batch_from_frame
     from lattice.data.transforms import DenseStats
-    from lattice.models.saved import read_blob, rebuild
+    from lattice.models.saved import blob_config, read_blob, rebuild
     from lattice.promotion.metrics import gate_cells
 
     blob, _ = read_blob(folder)
@@ -56,7 +56,7 @@ def _fp32_cells(config: PlatformConfig, folder, window):
     if not any(s.get("choice", "fp32") != "fp32" for s in plan.get("sites", [])):
         return None
     fp32 = rebuild({**blob, "fp8": None})
-    trained_config = PlatformConfig.model_validate(blob["config"])
+    trained_config = blob_config(blob)
     batch = batch_from_frame(trained_config, DenseStats.from_json(blob["dense_stats"]), window)
     with torch.no_grad():
         probs = {o: torch.sigmoid(v).numpy() for o, v in fp32(batch.dense, batch.sparse, batch.domain).items()}

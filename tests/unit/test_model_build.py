@@ -143,6 +143,27 @@ def test_domain_fm_weights_each_token_pair_by_its_domain(n_domains) -> None:
     assert not torch.allclose(fm(x, torch.zeros(5, dtype=torch.long)), fm(x, torch.ones(5, dtype=torch.long)))
 
 
+def test_a_model_saved_before_dense_tokens_existed_rebuilds_with_two(demo) -> None:
+    from lattice.models.saved import rebuild
+
+    cfg = tiny(demo)
+    two = cfg.model_copy(update={"models": cfg.models.model_copy(update={
+        "teacher": cfg.models.teacher.model_copy(update={"dense_tokens": 2})})})
+    assert cfg.models.teacher.dense_tokens == 4  # today's default
+    torch.manual_seed(0)
+    model = build_model(two, "teacher", 4).eval()
+    dump = two.model_dump(mode="json")
+    for size in (dump["models"]["teacher"], dump["models"]["student"], dump["models"]["baselines"]["size"]):
+        del size["dense_tokens"]  # what a blob written before the key existed holds
+    again = rebuild({"config": dump, "kind": "teacher", "n_dense": 4, "state_dict": model.state_dict()}, calibrated=False)
+    assert again.dense.tokens == 2
+    names = [f.name for f in cfg.features.sparse]
+    kjt = kjt_from_ids(names, [np.arange(8) % 5 for _ in names], [np.ones(8, bool) for _ in names])
+    inputs = (torch.randn(8, 4), kjt, torch.arange(8) % len(cfg.domain_names))
+    with torch.no_grad():
+        assert all(torch.equal(a, b) for a, b in zip(model(*inputs).values(), again(*inputs).values()))
+
+
 def test_domain_untied_runs_each_copy_on_its_own_rows_only() -> None:
     from lattice.models.interaction import DomainUntied, WukongLayer
 
