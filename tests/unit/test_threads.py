@@ -53,3 +53,26 @@ def test_an_in_process_run_sets_its_threads_and_restores_the_callers(tmp_path, s
     assert summary["threads"] == want
     assert seen == [want, before]  # set for the run, then the caller's count back
     assert torch.get_num_threads() == before
+
+
+def test_the_gates_latency_runs_on_the_serving_thread_count_and_restores_the_callers() -> None:
+    import pandas as pd
+
+    from lattice.export.window import latency_ms
+
+    seen: list[int] = []
+
+    class Predictor:
+        def predict_table(self, table) -> None:
+            assert table.num_rows == 1
+            seen.append(torch.get_num_threads())
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        out = latency_ms(Predictor(), pd.DataFrame({"x": range(5)}), iterations=20)
+        assert set(seen) == {1} and len(seen) == 30  # 10 warm-up rows, then 20 timed
+        assert torch.get_num_threads() == 2
+        assert out["cpu_p99_ms"] >= out["cpu_p50_ms"] >= 0
+    finally:
+        torch.set_num_threads(before)
