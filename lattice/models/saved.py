@@ -56,11 +56,12 @@ def blob_config(blob: dict) -> PlatformConfig:
     return PlatformConfig.model_validate(cfg)
 
 
-def rebuild(blob: dict, load_weights: bool = True, calibrated: bool = True) -> nn.Module:
+def rebuild(blob: dict, load_weights: bool = True, calibrated: bool = True, config: PlatformConfig | None = None) -> nn.Module:
     """The model a blob describes (weights loaded unless `load_weights` is false), eval mode. With
     calibration maps in the blob (training.calibration) it is `Calibrated(network, maps)`: its
-    logits are calibrated for every consumer; `calibrated=False` gives the network alone."""
-    config = blob_config(blob)
+    logits are calibrated for every consumer; `calibrated=False` gives the network alone.
+    `config`: blob_config(blob), when the caller has it already."""
+    config = config or blob_config(blob)
     model = build_model(config, blob["kind"], int(blob["n_dense"]), fitted=blob.get("hashing") or None,
                         fp8_plan=blob.get("fp8"))
     if load_weights:
@@ -87,9 +88,10 @@ def read_blob(model_dir: Path) -> tuple[dict, Path]:
 
 def load_saved(model_dir: Path) -> Saved:
     blob, path = read_blob(model_dir)
-    model = rebuild(blob)
+    config = blob_config(blob)
+    model = rebuild(blob, config=config)
     # consumers that hold only the module (scoring, serving checks) read these
     model.dense_stats = DenseStats.from_json(blob["dense_stats"])
     model.kind, model.n_dense = blob["kind"], int(blob["n_dense"])
     model.meta = {k: blob[k] for k in META_KEYS if k in blob}
-    return Saved(model, model.dense_stats, blob_config(blob), blob, path)
+    return Saved(model, model.dense_stats, config, blob, path)

@@ -55,8 +55,8 @@ def _fp32_cells(config: PlatformConfig, folder, window):
     plan = blob.get("fp8") or {}
     if not any(s.get("choice", "fp32") != "fp32" for s in plan.get("sites", [])):
         return None
-    fp32 = rebuild({**blob, "fp8": None})
     trained_config = blob_config(blob)
+    fp32 = rebuild({**blob, "fp8": None}, config=trained_config)
     batch = batch_from_frame(trained_config, DenseStats.from_json(blob["dense_stats"]), window)
     with torch.no_grad():
         probs = {o: torch.sigmoid(v).numpy() for o, v in fp32(batch.dense, batch.sparse, batch.domain).items()}

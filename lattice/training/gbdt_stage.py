@@ -14,7 +14,6 @@ boosters/<key>.txt (LightGBM model files), encodings.npz and dense_stats.json.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import time
 
@@ -30,14 +29,7 @@ from lattice.models.build import GBDT_KINDS, kind_of
 from lattice.models.gbdt import Fitted, TreeFeatures, fit_booster, lgb_params
 from lattice.paths import Paths
 from lattice.progress import progress_bar
-
-
-def machine_threads() -> int:
-    """Cores this process may run on (the affinity mask, not the host's count)."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not on Linux
-        return max(1, os.cpu_count() or 1)
+from lattice.training.threads import machine_threads
 
 
 def read_rows(config: PlatformConfig, table, stats: DenseStats) -> tuple[dict[str, np.ndarray], np.ndarray]:

@@ -19,12 +19,12 @@ import os
 FLOPS_PER_THREAD = 300e6
 
 
-def machine_cores() -> int:
-    """Cores this process may run on (its CPU affinity where the OS reports one)."""
+def machine_threads() -> int:
+    """Cores this process may run on (the affinity mask, not the host's count)."""
     try:
-        return len(os.sched_getaffinity(0))
+        return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
+        return max(1, os.cpu_count() or 1)
 
 
 def intra_op_threads(setting: int, dense_flops_per_example: float, batch_per_rank: int, ranks_on_node: int,
@@ -32,7 +32,7 @@ def intra_op_threads(setting: int, dense_flops_per_example: float, batch_per_ran
     """(threads, why) for one CPU rank. `setting`: training.threads (0: choose)."""
     if setting:
         return setting, "training.threads"
-    cores = cores or machine_cores()
+    cores = cores or machine_threads()
     share = max(1, cores // max(1, ranks_on_node))
     step = dense_flops_per_example * batch_per_rank
     n = max(1, min(share, int(step // FLOPS_PER_THREAD)))
