@@ -105,16 +105,16 @@ class DomainUntied(nn.Module):
             # rows it sees, so eval and the artifact see the same rows and agree
             every = torch.stack([layer(x) for layer in self.layers])  # (n_dom, B, n_out, D)
             return every[domain, torch.arange(x.shape[0])]  # (B, n_out, D)
-        # training runs each copy on its own domain's rows only, skipping a domain
-        # absent from the batch (an FP8 scale or a probe has nothing to read in 0 rows). Every
-        # copy on every row did n_domains times the work: fwd+bwd of a 12-token layer, 2 threads,
-        # 4 domains, 7.6 -> 5.5 ms at batch 128 and 40 -> 15 ms at 2048
-        out = x.new_zeros(x.shape[0], self.n_out, self.dim)
-        for d, layer in enumerate(self.layers):
-            rows = (domain == d).nonzero().squeeze(1)
-            if rows.numel():
-                out = out.index_copy(0, rows, layer(x.index_select(0, rows)))
-        return out  # (B, n_out, D)
+        # training runs each copy on its own domain's rows only, skipping a domain absent from the
+        # batch (an FP8 scale or a probe has nothing to read in 0 rows). Every copy on every row did
+        # n_domains times the work: fwd+bwd of a 12-token layer, 2 threads, 4 domains, 7.6 -> 5.5 ms
+        # at batch 128 and 40 -> 15 ms at 2048. The rows are grouped by one sort and put back by one
+        # gather: a select and a copy per domain cost 1.2 ms of glue per step at batch 128 (4 domains)
+        order = torch.argsort(domain, stable=True)  # rows grouped by domain
+        counts = torch.bincount(domain, minlength=len(self.layers)).tolist()
+        groups = x.index_select(0, order).split(counts)
+        out = torch.cat([layer(g) for layer, g, n in zip(self.layers, groups, counts) if n])  # (B, n_out, D), sorted
+        return out.index_select(0, torch.argsort(order))  # (B, n_out, D), the batch's order
 
 
 def mlp(n_in: int, dims: list[int], n_out: int, dropout: float = 0.0, size: ModelSize | None = None,

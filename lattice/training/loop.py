@@ -152,7 +152,9 @@ class Trainer:
         groups: list[list] = [[], []]
         for name, p in dense:
             groups[".embedding_bags." in name].append(p)
-        self.dense_opt = torch.optim.Adam([{"params": g} for g in groups], lr=tr.lr_dense, foreach=True)
+        # fused: one kernel per step on CPU and GPU; foreach on CPU loops over every tensor per update
+        # term (57 tensors, 1.06 against 0.34 ms a step; MIND, Taobao, Avazu +10-15% examples/s)
+        self.dense_opt = torch.optim.Adam([{"params": g} for g in groups], lr=tr.lr_dense, fused=True)
         train_rows = table_rows(Path(spec.table)) * (1 - tr.validation_fraction - tr.test_fraction)
         self.planned_steps = max(1, math.ceil(spec.epochs * train_rows / tr.batch_size))
         self.estimated_epoch_steps = max(1, math.ceil(train_rows / tr.batch_size))
