@@ -171,6 +171,9 @@ def _write_search(df: pd.DataFrame, path: Path) -> None:
             "event_time": iso.to_numpy(dtype=str), "user": df.user_id.to_numpy(), "ad": df.ad_id.to_numpy(),
             "segment": df.user_segment.to_numpy(), "category": df.ad_category.to_numpy(),
             "device": df.device.to_numpy(), "rank": df.position.to_numpy(), "query_cat": df.query_category.to_numpy(),
+            # the ad server's relevance flag: the query names the ad's category (derivable from the
+            # two columns above, logged as search ad servers log their query-ad match signals)
+            "query_match": (df.query_category == df.ad_category).to_numpy().astype(np.int8),
             "bid_price": df.price.to_numpy(), "activity": df.activity.to_numpy(),
             "click": df.click.to_numpy(), "conversion": df.conversion.to_numpy(),
             "true_click": df.p_click.to_numpy(), "true_conversion": df.p_conversion.to_numpy(),
