@@ -200,9 +200,9 @@ def test_standalone_layers_keep_their_seeded_numbers() -> None:
 
 DEMO_TEACHER_SITES = {
     # dense.net.0 reads the 4 dense columns after `ple` (16 bins each: models.teacher.numeric)
-    "dense.net.0": (64, 32), "dense.net.2": (32, 32), "domain_fm.mix": (16, 24),
-    **{f"experts.{e}.0": (616, 128) for e in range(4)}, **{f"experts.{e}.3": (128, 64) for e in range(4)},
-    "gates.click": (616, 4), "gates.conversion": (616, 4),
+    "dense.net.0": (64, 64), "dense.net.2": (64, 64), "domain_fm.mix": (16, 24),
+    **{f"experts.{e}.0": (832, 128) for e in range(4)}, **{f"experts.{e}.3": (128, 64) for e in range(4)},
+    "gates.click": (832, 4), "gates.conversion": (832, 4),
     "heads.click.0": (64, 64), "heads.click.3": (64, 1), "heads.conversion.0": (64, 64), "heads.conversion.3": (64, 1),
 }
 
