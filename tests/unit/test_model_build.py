@@ -46,8 +46,8 @@ def test_student_costs_at_most_a_fifth_of_the_teacher(demo) -> None:
 
 def test_table_shapes_follow_model_size(demo) -> None:
     shapes = {n: (r, d) for n, r, d in table_shape(demo, demo.models.student)}
-    assert shapes["user_id"] == (50_000, 8)  # 200000 rows x table_scale 0.25, width min(16, 8)
-    assert shapes["device"] == (4, 4)
+    assert shapes["user_id"] == (160_000, 4)  # 200000 rows x table_scale 0.8, width min(16, 4)
+    assert shapes["device"] == (13, 4)  # 16 x 0.8, rounded
 
 
 def test_remap_keeps_ids_in_table_and_rejects_bad_unhashed_ids(demo) -> None:
