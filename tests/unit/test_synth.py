@@ -60,6 +60,10 @@ def test_schemas_follow_the_config(demo, tmp_path: Path) -> None:
     # the schemas really differ: names, a missing feature, a missing label
     assert set(frames["feed"].columns) != set(frames["search"].columns)
     assert "query_cat" in frames["search"].columns and "query_cat" not in frames["feed"].columns
+    # the ad server's match flag is exactly "the query names the ad's category", on both values
+    search = frames["search"]
+    assert (search.query_match == (search.query_cat == search.category).astype(int)).all()
+    assert set(search.query_match.unique()) == {0, 1}
     assert not any("price" in c for c in frames["video"].columns)
     assert not any("conv" in c for c in frames["video"].columns)
     # a conversion only follows a click
