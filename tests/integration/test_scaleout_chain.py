@@ -67,8 +67,9 @@ def test_features_teacher_distill_promote_serve_on_the_scale_out_services(scaleo
         name="tinyso", overrides={
             "deployment": {"profile": "scale-out", "profile_file": str(layout.profile_file)},
             "feature_store": {"offline_store": "spark", "online_store": "sqlite"},  # the profile moves it to Redis
-            # a first model on 6,000 rows: the gate's floors for a model this small
-            "promotion": {"floors": {"max_ne": 1.05, "min_auc": 0.5}, "max_latency_ms": 200.0},
+            # a first model on 6,000 rows: the gate's floors and calibration bounds for a model this
+            # small (as test_distill's); a cell holds a handful of positives (search/conversion: 7)
+            "promotion": {"floors": {"max_ne": 1.05, "min_auc": 0.5}, "calibration": [0.5, 2.0], "max_latency_ms": 200.0},
         })
     config = load_config(cfg)
     paths = paths_for(config)
