@@ -52,6 +52,9 @@ class _EachLine(logging.Formatter):
 
 def configure_child() -> None:
     """In a child started by `run_child`: records, and Python warnings, as prefixed stderr lines."""
+    from lattice.quiet import library_notices
+
+    library_notices()  # on a terminal too: the rank's own stderr is the user's
     if os.environ.get(ENV) != "1":
         return
     handler = logging.StreamHandler(sys.stderr)

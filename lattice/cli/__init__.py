@@ -22,6 +22,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from lattice.quiet import library_notices
+
+    library_notices()  # before the commands import torchrec and fbgemm, which warn at import
     args = build_parser().parse_args(argv)
     return int(args.func(args) or 0)
 
