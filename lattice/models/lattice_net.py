@@ -41,8 +41,17 @@ class DenseArch(nn.Module):
         n_in = self.encode.out_dim if self.encode is not None else n_dense
         self.net = nn.Sequential(Linear(n_in, w, bias=mods.bias), *mods.after_hidden(w), Linear(w, w, bias=mods.bias))
 
-    def forward(self, dense: torch.Tensor) -> torch.Tensor:
-        x = self.encode(dense) if self.encode is not None else dense  # (B, n_dense * bins) or (B, n_dense)
+    @property
+    def code_dim(self) -> int:
+        """Width of `code`'s output."""
+        return self.encode.out_dim if self.encode is not None else self.net[0].in_features
+
+    def code(self, dense: torch.Tensor) -> torch.Tensor:
+        """(B, n_dense) -> the encoded columns, (B, n_dense * bins) or (B, n_dense)."""
+        return self.encode(dense) if self.encode is not None else dense
+
+    def forward(self, dense: torch.Tensor, code: torch.Tensor | None = None) -> torch.Tensor:
+        x = self.code(dense) if code is None else code
         return self.net(x).view(dense.shape[0], self.tokens, self.dim)  # (B, T, D)
 
 
@@ -70,7 +79,10 @@ class LatticeNet(nn.Module):
             n = size.num_tokens
             context += n
         self.interaction = nn.ModuleList(layers)
-        n_flat = context * d + (self.domain_fm.out_dim if self.domain_fm is not None else 0)
+        # the encoded dense columns next to the tokens (size.dense_context), as the heads' inputs
+        self.dense_context = bool(size.dense_context and self.dense is not None)
+        n_flat = (context * d + (self.domain_fm.out_dim if self.domain_fm is not None else 0)
+                  + (self.dense.code_dim if self.dense_context else 0))
         head_in = size.shared_dims[-1] if size.shared_dims else n_flat
         # between the tokens and the heads: nothing, one shared stack, or experts mixed per objective
         self.experts = nn.ModuleList([trunk(n_flat, size.shared_dims, size.dropout, size)
@@ -85,19 +97,24 @@ class LatticeNet(nn.Module):
         of the (very skewed) label prior."""
         set_head_bias(self.heads, conditional_rates(rates, self.chains))
 
-    def tokens(self, dense: torch.Tensor, sparse: KeyedJaggedTensor, domain: torch.Tensor) -> torch.Tensor:
+    def tokens(self, dense: torch.Tensor, sparse: KeyedJaggedTensor, domain: torch.Tensor,
+               code: torch.Tensor | None = None) -> torch.Tensor:
+        """`code`: the dense columns already encoded (DenseArch.code), when the caller has them."""
         parts = [self.sparse(sparse)]  # (B, F, D)
         if self.dense is not None:
-            parts.append(self.dense(dense))  # (B, T, D)
+            parts.append(self.dense(dense) if code is None else self.dense(dense, code))  # (B, T, D)
         if self.domain is not None:
             parts.append(self.domain(domain).unsqueeze(1))  # (B, 1, D)
         return torch.cat(parts, dim=1)  # (B, N, D)
 
     def forward(self, dense: torch.Tensor, sparse: KeyedJaggedTensor, domain: torch.Tensor) -> dict[str, torch.Tensor]:
-        x = self.tokens(dense, sparse, domain)
+        code = self.dense.code(dense) if self.dense_context else None  # encoded once, for both uses
+        x = self.tokens(dense, sparse, domain, code)
         # heads read every layer's tokens (Lattice's extended context: DenseNet-style residuals),
         # so low-order signals in the inputs reach them without passing every interaction layer
         context = [x.flatten(1)]
+        if self.dense_context:
+            context.append(code)  # (B, code_dim)
         if self.domain_fm is not None:
             context.append(self.domain_fm(x, domain))
         for layer in self.interaction:

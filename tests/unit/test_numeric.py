@@ -222,3 +222,31 @@ def test_the_exported_artifact_carries_the_edges(demo, encoding, tmp_path) -> No
         got = torch.jit.load(str(path))(*inputs)
     assert all(torch.isfinite(got[o]).all() for o in got)
     assert max(float((got[o] - eager[o]).abs().max()) for o in eager) <= 1e-6
+
+
+def _teacher_with(cfg, **update):
+    m = cfg.models
+    return cfg.model_copy(update={"models": m.model_copy(update={"teacher": m.teacher.model_copy(update=update)})})
+
+
+@pytest.mark.parametrize("shared", [True, False])  # experts and gates read the context, or the heads do
+def test_dense_context_passes_the_encoded_columns_around_the_dense_tokens(demo, shared) -> None:
+    """With the dense MLP silenced (its tokens no longer depend on the input), the prediction
+    still moves with the dense columns under `dense_context`, and does not without it."""
+    moved = {}
+    for on in (False, True):
+        cfg = _teacher_with(tiny(demo), dense_context=on, shared_dims=[16] if shared else [], experts=2 if shared else 1)
+        torch.manual_seed(0)
+        model = build_model(cfg, "teacher", N_DENSE).eval()
+        with torch.no_grad():
+            for p in model.dense.net.parameters():
+                p.zero_()
+            a, b = model(*_inputs(cfg, seed=1)), model(*_inputs(cfg, seed=2))  # same ids, other dense rows
+        moved[on] = max(float((a[o] - b[o]).abs().max()) for o in a)
+        if on:  # the heads' (or the experts') input grew by the code's width
+            first = model.experts[0][0] if shared else model.heads["click"][0]
+            torch.manual_seed(0)
+            off = build_model(_teacher_with(cfg, dense_context=False), "teacher", N_DENSE)
+            first_off = off.experts[0][0] if shared else off.heads["click"][0]
+            assert first.in_features - first_off.in_features == model.dense.code_dim == N_DENSE * cfg.models.teacher.numeric_bins
+    assert moved[False] == 0.0 and moved[True] > 1e-4
