@@ -282,7 +282,11 @@ class ExampleStream(IterableDataset):
 def to_batch(config: PlatformConfig, arrs: dict[str, np.ndarray]) -> Batch:
     names = [f.name for f in config.features.sparse]
     objs = config.objective_names
-    t = torch.from_numpy
+    # arrays Arrow hands over without a copy are read-only, which torch warns about (and a write
+    # through the tensor would be undefined): those few are copied, the rest shared
+    def t(a: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(a if a.flags.writeable else a.copy())
+
     teacher = {o: t(arrs[f"teacher:{o}"]) for o in objs} if "teacher_mask" in arrs else None
     truth = {o: t(arrs[f"truth:{o}"]) for o in objs} if f"truth:{objs[0]}" in arrs else None
     return Batch(

@@ -18,6 +18,7 @@ scriptable. Optionally the embedding tables become INT8 row-wise (torchrec `quan
 # no `from __future__ import annotations`: FX codegen and TorchScript need real annotation objects
 
 import copy
+import warnings
 from typing import Dict, List
 
 import torch
@@ -170,4 +171,9 @@ def serving_module(model: nn.Module, int8: bool = False) -> nn.Module:
 def script(model: nn.Module, int8: bool = False) -> torch.jit.ScriptModule:
     import torchrec.fx
 
-    return torch.jit.script(torchrec.fx.symbolic_trace(serving_module(model, int8)))
+    with warnings.catch_warnings():
+        # TorchScript's notes on annotations inside torchrec's and torch's own types: nothing a
+        # user (or we) can change, printed on every export
+        warnings.filterwarnings("ignore", message="The TorchScript type system doesn't support instance-level annotations")
+        warnings.filterwarnings("ignore", message="TorchScript will treat type annotations of Tensor dtype-specific subtypes")
+        return torch.jit.script(torchrec.fx.symbolic_trace(serving_module(model, int8)))
