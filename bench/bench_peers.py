@@ -26,9 +26,8 @@ training seconds (validation and data setup excluded). Threads: the platform's t
 their intra-op threads as `lattice train` does (`training.threads` 0: from the model's dense FLOPs
 per step), the rechub models run on the number the Lattice teacher chose for the same data (the same
 cores and layout), LightGBM on every core; `--threads N` puts every model on N. For the boosters, train rows fitted per second
-of lgb.train (all rounds). The JSON keeps each epoch's rate too: the Lattice teacher's first epoch
-on MIND runs at a tenth of its second (about 400 against 4,000 examples/s), which pulls its 2-epoch
-figure down. Prints one table per dataset; figures in .lattice/bench/bench_peers.json.
+of lgb.train (all rounds). The JSON keeps each epoch's rate too (the Lattice teacher on MIND,
+2026-12-03: 13.2k, 10.5k, 13.2k examples/s; in 2026-11 its first epoch ran at a tenth of its second). Prints one table per dataset; figures in .lattice/bench/bench_peers.json.
 Asserts nothing. These samples are small (3k-85k rows): a cell with few positives has a noisy NE.
 """
 
