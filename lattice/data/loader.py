@@ -196,7 +196,8 @@ class ExampleStream(IterableDataset):
 
     def __init__(self, config: PlatformConfig, root: Path, stats: DenseStats, split: Split, batch_size: int,
                  rank: int = 0, world_size: int = 1, seed: int = 0, shuffle: bool = True,
-                 teacher_scores: str | Path | None = None, with_truth: bool = False, buffer_rows: int | None = None):
+                 teacher_scores: str | Path | None = None, with_truth: bool = False, buffer_rows: int | None = None,
+                 cache_bytes: int = 0):
         self.config, self.root, self.stats, self.split = config, Path(root), stats, split
         self.batch_size, self.rank, self.world_size, self.seed, self.shuffle = batch_size, rank, world_size, seed, shuffle
         self.teacher_scores = Path(teacher_scores) if teacher_scores else None
@@ -204,6 +205,9 @@ class ExampleStream(IterableDataset):
         self.buffer_rows = buffer_rows or max(64 * batch_size, 65_536)
         self.epoch = 0
         self.units = scan_units(self.root)
+        # unit index -> its encoded kept rows (None: it keeps none), filled while reading, up to
+        # `cache_bytes`: a later pass takes a unit from here instead of parquet and the encoder
+        self.cache_bytes, self._cache, self._cached_bytes = cache_bytes, {}, 0
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -238,9 +242,34 @@ class ExampleStream(IterableDataset):
             arrs[f"teacher:{o}"] = np.nan_to_num(v, nan=0.5)
         arrs["teacher_mask"] = ok.astype(np.float32)
 
+    def _read(self, index: int, unit: Unit, enc: "RowEncoder", teacher: pd.DataFrame | None) -> dict[str, np.ndarray] | None:
+        """One unit's rows of this split and rank, encoded (None when it keeps none)."""
+        tbl, part = read_unit(unit, enc.columns + ["split"])
+        ids, stored = _column(tbl, "example_id", part), _column(tbl, "split", part)
+        keep = split_mask(self.config, ids.to_pylist() if ids is not None else [], self.split,
+                          stored.to_pylist() if stored is not None else None)
+        if self.world_size > 1:
+            j = np.cumsum(keep) - 1  # position among this unit's kept rows
+            keep &= (j + index) % self.world_size == self.rank
+        if not keep.any():
+            return None
+        arrs = enc.encode(tbl, part, keep)
+        if teacher is not None:
+            self._attach_teacher(arrs, teacher)
+        return arrs
+
+    def _keep(self, index: int, arrs: dict[str, np.ndarray] | None) -> None:
+        size = sum(v.nbytes for v in arrs.values()) if arrs is not None else 0
+        if self._cached_bytes + size > self.cache_bytes:
+            return
+        for v in (arrs or {}).values():
+            v.flags.writeable = False  # shared by every later pass: `_concat` and `to_batch` copy, never write
+        self._cache[index] = arrs
+        self._cached_bytes += size
+
     def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
         enc = RowEncoder(self.config, self.stats, self.with_truth)
-        teacher = self._teacher()
+        teacher: list[pd.DataFrame | None] = []  # read on the first unit that is not cached
         rng = np.random.default_rng([self.seed, self.epoch, 7919, (get_worker_info().id if get_worker_info() else 0)])
         pending: list[dict[str, np.ndarray]] = []
         n_pending = 0
@@ -260,18 +289,16 @@ class ExampleStream(IterableDataset):
             pending, n_pending = ([rest], len(rest["domain"])) if len(rest["domain"]) else ([], 0)
 
         for index, unit in self._unit_order():
-            tbl, part = read_unit(unit, enc.columns + ["split"])
-            ids, stored = _column(tbl, "example_id", part), _column(tbl, "split", part)
-            keep = split_mask(self.config, ids.to_pylist() if ids is not None else [], self.split,
-                              stored.to_pylist() if stored is not None else None)
-            if self.world_size > 1:
-                j = np.cumsum(keep) - 1  # position among this unit's kept rows
-                keep &= (j + index) % self.world_size == self.rank
-            if not keep.any():
+            if index in self._cache:
+                arrs = self._cache[index]
+            else:
+                if not teacher:
+                    teacher.append(self._teacher())
+                arrs = self._read(index, unit, enc, teacher[0])
+                if self.cache_bytes:
+                    self._keep(index, arrs)
+            if arrs is None:
                 continue
-            arrs = enc.encode(tbl, part, keep)
-            if teacher is not None:
-                self._attach_teacher(arrs, teacher)
             pending.append(arrs)
             n_pending += len(arrs["domain"])
             if n_pending >= (self.buffer_rows if self.shuffle else self.batch_size):
@@ -316,6 +343,8 @@ class BatchLoader:
         )
         nw = config.training.num_workers if num_workers is None else num_workers
         self.num_workers = min(nw, len(self.stream.units))
+        # worker processes end with each pass, and their caches with them
+        self.stream.cache_bytes = 0 if self.num_workers else config.training.loader_cache_mb * 2**20
 
     def set_epoch(self, epoch: int) -> None:
         self.stream.set_epoch(epoch)

@@ -160,6 +160,7 @@ class Trainer:
         self.estimated_epoch_steps = max(1, math.ceil(train_rows / tr.batch_size))
         self.state = TrainState()
         self.best: dict | None = None
+        self._loaders: dict[tuple[str, bool], BatchLoader] = {}
 
     def _set_threads(self, model: torch.nn.Module) -> None:
         """This rank's intra-op threads (lattice.training.threads), from the model's dense FLOPs."""
@@ -176,6 +177,17 @@ class Trainer:
 
     # ------------------------------------------------------------ data
     def loader(self, split: str, with_truth: bool = False) -> BatchLoader:
+        """The split's loader. Train and validation keep theirs for the run: they are read every
+        epoch, and a loader keeps the encoded rows between passes (training.loader_cache_mb)."""
+        key = (split, with_truth)
+        if key not in self._loaders:
+            made = self._new_loader(split, with_truth)
+            if split not in ("train", "validation"):
+                return made  # test is read once
+            self._loaders[key] = made
+        return self._loaders[key]
+
+    def _new_loader(self, split: str, with_truth: bool) -> BatchLoader:
         # training.batch_size is the global batch: N ranks take 1/N each, so a config trains with
         # the same number of optimizer steps per epoch on 1 rank or on 8
         per_rank = max(1, self.config.training.batch_size // self.world)

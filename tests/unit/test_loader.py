@@ -218,3 +218,67 @@ def test_pack_round_trips_every_column() -> None:
     assert back.keys() == arrs.keys()
     for k, v in arrs.items():
         assert back[k].dtype == v.dtype and np.array_equal(back[k], v), k
+
+
+def _batches(loader) -> list[dict[str, np.ndarray]]:
+    out = []
+    for b in loader:
+        out.append({"id": b.example_ids.copy(), "dense": b.dense.clone(), "ids": b.sparse.values().clone(),
+                    "domain": b.domain.clone(), "labels": {o: v.clone() for o, v in b.labels.items()}})
+    return out
+
+
+def test_a_cached_pass_gives_the_same_batches_without_reading_the_table(table, monkeypatch) -> None:
+    import lattice.data.loader as L
+
+    cfg, _, root, stats = table
+    reads = []
+    real = L.read_unit
+    monkeypatch.setattr(L, "read_unit", lambda *a, **k: reads.append(1) or real(*a, **k))
+    cold = BatchLoader(cfg, root, stats, "train", seed=3, num_workers=0)
+    kept = BatchLoader(cfg, root, stats, "train", seed=3, num_workers=0)
+    units = len(kept.stream.units)
+    assert kept.stream.cache_bytes > 0
+    _batches(kept)  # the first pass fills the cache
+    assert len(reads) == units
+    for epoch in (0, 1):
+        cold.stream.cache_bytes = 0
+        cold.set_epoch(epoch)
+        kept.set_epoch(epoch)
+        reads.clear()
+        expect, got = _batches(cold), _batches(kept)
+        assert len(reads) == units  # only the uncached loader read the table
+        assert len(expect) == len(got) > 1
+        for e, g in zip(expect, got):
+            assert np.array_equal(e["id"], g["id"])
+            assert torch.equal(e["dense"], g["dense"]) and torch.equal(e["ids"], g["ids"]) and torch.equal(e["domain"], g["domain"])
+            assert all(torch.equal(e["labels"][o], g["labels"][o]) for o in e["labels"])
+    # a batch's tensors are its own: writing one leaves the kept rows and the next pass as they were
+    # (unshuffled, the riskier case: no permutation copies the rows)
+    kept = BatchLoader(cfg, root, stats, "validation", shuffle=False, num_workers=0, batch_size=8)  # one unit a batch
+    _batches(kept)
+    first = next(iter(kept))
+    before = first.dense.clone()
+    first.dense.add_(1.0)
+    assert torch.equal(next(iter(kept)).dense, before)
+
+
+def test_the_cache_keeps_what_fits_and_reads_the_rest(table, monkeypatch) -> None:
+    import lattice.data.loader as L
+
+    cfg, _, root, stats = table
+    reads = []
+    real = L.read_unit
+    monkeypatch.setattr(L, "read_unit", lambda *a, **k: reads.append(1) or real(*a, **k))
+    small = BatchLoader(cfg, root, stats, "validation", shuffle=False, num_workers=0)
+    units = len(small.stream.units)
+    small.stream.cache_bytes = 20_000  # a few units' rows
+    whole = _ids(small)
+    kept = len(small.stream._cache)
+    assert 0 < kept < units and small.stream._cached_bytes <= 20_000
+    reads.clear()
+    assert _ids(small) == whole
+    assert len(reads) == units - kept
+    off = cfg.model_copy(update={"training": cfg.training.model_copy(update={"loader_cache_mb": 0})})
+    assert BatchLoader(off, root, stats, "train").stream.cache_bytes == 0
+    assert BatchLoader(cfg, root, stats, "train", num_workers=1).stream.cache_bytes == 0  # workers end with the pass
