@@ -334,7 +334,8 @@ class BatchLoader:
 
     def __init__(self, config: PlatformConfig, root: Path, stats: DenseStats, split: Split, batch_size: int | None = None,
                  rank: int = 0, world_size: int = 1, seed: int | None = None, shuffle: bool | None = None,
-                 num_workers: int | None = None, teacher_scores: str | Path | None = None, with_truth: bool = False):
+                 num_workers: int | None = None, teacher_scores: str | Path | None = None, with_truth: bool = False,
+                 cache: bool = False):
         self.config = config
         self.stream = ExampleStream(
             config, root, stats, split, batch_size or config.training.batch_size, rank, world_size,
@@ -343,8 +344,9 @@ class BatchLoader:
         )
         nw = config.training.num_workers if num_workers is None else num_workers
         self.num_workers = min(nw, len(self.stream.units))
-        # worker processes end with each pass, and their caches with them
-        self.stream.cache_bytes = 0 if self.num_workers else config.training.loader_cache_mb * 2**20
+        # `cache`: keep encoded rows between passes (for a loader read every epoch; a one-pass reader
+        # would only hold memory). Not with workers: they end with each pass, and their caches too
+        self.stream.cache_bytes = config.training.loader_cache_mb * 2**20 if cache and not self.num_workers else 0
 
     def set_epoch(self, epoch: int) -> None:
         self.stream.set_epoch(epoch)

@@ -193,7 +193,7 @@ class Trainer:
         per_rank = max(1, self.config.training.batch_size // self.world)
         return BatchLoader(self.config, Path(self.spec.table), self.stats, split, batch_size=per_rank, rank=self.rank,
                            world_size=self.world, seed=self.spec.seed, teacher_scores=self.spec.teacher_scores if split == "train" else None,
-                           with_truth=with_truth)
+                           with_truth=with_truth, cache=split in ("train", "validation"))
 
     # ------------------------------------------------------------ checkpoints
     def save_checkpoint(self) -> None:

@@ -235,8 +235,8 @@ def test_a_cached_pass_gives_the_same_batches_without_reading_the_table(table, m
     reads = []
     real = L.read_unit
     monkeypatch.setattr(L, "read_unit", lambda *a, **k: reads.append(1) or real(*a, **k))
-    cold = BatchLoader(cfg, root, stats, "train", seed=3, num_workers=0)
-    kept = BatchLoader(cfg, root, stats, "train", seed=3, num_workers=0)
+    cold = BatchLoader(cfg, root, stats, "train", seed=3, num_workers=0, cache=True)
+    kept = BatchLoader(cfg, root, stats, "train", seed=3, num_workers=0, cache=True)
     units = len(kept.stream.units)
     assert kept.stream.cache_bytes > 0
     _batches(kept)  # the first pass fills the cache
@@ -255,7 +255,7 @@ def test_a_cached_pass_gives_the_same_batches_without_reading_the_table(table, m
             assert all(torch.equal(e["labels"][o], g["labels"][o]) for o in e["labels"])
     # a batch's tensors are its own: writing one leaves the kept rows and the next pass as they were
     # (unshuffled, the riskier case: no permutation copies the rows)
-    kept = BatchLoader(cfg, root, stats, "validation", shuffle=False, num_workers=0, batch_size=8)  # one unit a batch
+    kept = BatchLoader(cfg, root, stats, "validation", shuffle=False, num_workers=0, batch_size=8, cache=True)  # one unit a batch
     _batches(kept)
     first = next(iter(kept))
     before = first.dense.clone()
@@ -270,7 +270,7 @@ def test_the_cache_keeps_what_fits_and_reads_the_rest(table, monkeypatch) -> Non
     reads = []
     real = L.read_unit
     monkeypatch.setattr(L, "read_unit", lambda *a, **k: reads.append(1) or real(*a, **k))
-    small = BatchLoader(cfg, root, stats, "validation", shuffle=False, num_workers=0)
+    small = BatchLoader(cfg, root, stats, "validation", shuffle=False, num_workers=0, cache=True)
     units = len(small.stream.units)
     small.stream.cache_bytes = 20_000  # a few units' rows
     whole = _ids(small)
@@ -280,5 +280,6 @@ def test_the_cache_keeps_what_fits_and_reads_the_rest(table, monkeypatch) -> Non
     assert _ids(small) == whole
     assert len(reads) == units - kept
     off = cfg.model_copy(update={"training": cfg.training.model_copy(update={"loader_cache_mb": 0})})
-    assert BatchLoader(off, root, stats, "train").stream.cache_bytes == 0
-    assert BatchLoader(cfg, root, stats, "train", num_workers=1).stream.cache_bytes == 0  # workers end with the pass
+    assert BatchLoader(off, root, stats, "train", cache=True).stream.cache_bytes == 0
+    assert BatchLoader(cfg, root, stats, "train", num_workers=1, cache=True).stream.cache_bytes == 0  # workers end with the pass
+    assert BatchLoader(cfg, root, stats, "test").stream.cache_bytes == 0  # one-pass readers keep nothing
