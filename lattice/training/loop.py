@@ -43,6 +43,8 @@ from lattice.training.fp8_run import Fp8Run
 from lattice.training.loss import mdmo_loss
 from lattice.training.spec import RunSpec
 
+# splits a run reads every epoch: their loaders live for the run and keep their encoded rows
+REREAD_SPLITS = ("train", "validation")
 SPARSE_OPTIMIZERS = {"adagrad": torch.optim.Adagrad, "sgd": torch.optim.SGD, "rowwise_adagrad": RowWiseAdagrad}
 
 
@@ -182,7 +184,7 @@ class Trainer:
         key = (split, with_truth)
         if key not in self._loaders:
             made = self._new_loader(split, with_truth)
-            if split not in ("train", "validation"):
+            if split not in REREAD_SPLITS:
                 return made  # test is read once
             self._loaders[key] = made
         return self._loaders[key]
@@ -193,7 +195,7 @@ class Trainer:
         per_rank = max(1, self.config.training.batch_size // self.world)
         return BatchLoader(self.config, Path(self.spec.table), self.stats, split, batch_size=per_rank, rank=self.rank,
                            world_size=self.world, seed=self.spec.seed, teacher_scores=self.spec.teacher_scores if split == "train" else None,
-                           with_truth=with_truth, cache=split in ("train", "validation"))
+                           with_truth=with_truth, cache=split in REREAD_SPLITS)
 
     # ------------------------------------------------------------ checkpoints
     def save_checkpoint(self) -> None:
