@@ -228,21 +228,26 @@ def _batches(loader) -> list[dict[str, np.ndarray]]:
     return out
 
 
-def test_a_cached_pass_gives_the_same_batches_without_reading_the_table(table, monkeypatch) -> None:
+@pytest.fixture
+def reads(monkeypatch) -> list[int]:
+    """One entry per parquet unit the loader reads."""
     import lattice.data.loader as L
 
-    cfg, _, root, stats = table
-    reads = []
+    seen: list[int] = []
     real = L.read_unit
-    monkeypatch.setattr(L, "read_unit", lambda *a, **k: reads.append(1) or real(*a, **k))
-    cold = BatchLoader(cfg, root, stats, "train", seed=3, num_workers=0, cache=True)
+    monkeypatch.setattr(L, "read_unit", lambda *a, **k: seen.append(1) or real(*a, **k))
+    return seen
+
+
+def test_a_cached_pass_gives_the_same_batches_without_reading_the_table(table, reads) -> None:
+    cfg, _, root, stats = table
+    cold = BatchLoader(cfg, root, stats, "train", seed=3, num_workers=0)  # reads the table every pass
     kept = BatchLoader(cfg, root, stats, "train", seed=3, num_workers=0, cache=True)
     units = len(kept.stream.units)
     assert kept.stream.cache_bytes > 0
     _batches(kept)  # the first pass fills the cache
     assert len(reads) == units
     for epoch in (0, 1):
-        cold.stream.cache_bytes = 0
         cold.set_epoch(epoch)
         kept.set_epoch(epoch)
         reads.clear()
@@ -263,13 +268,8 @@ def test_a_cached_pass_gives_the_same_batches_without_reading_the_table(table, m
     assert torch.equal(next(iter(kept)).dense, before)
 
 
-def test_the_cache_keeps_what_fits_and_reads_the_rest(table, monkeypatch) -> None:
-    import lattice.data.loader as L
-
+def test_the_cache_keeps_what_fits_and_reads_the_rest(table, reads) -> None:
     cfg, _, root, stats = table
-    reads = []
-    real = L.read_unit
-    monkeypatch.setattr(L, "read_unit", lambda *a, **k: reads.append(1) or real(*a, **k))
     small = BatchLoader(cfg, root, stats, "validation", shuffle=False, num_workers=0, cache=True)
     units = len(small.stream.units)
     small.stream.cache_bytes = 20_000  # a few units' rows
