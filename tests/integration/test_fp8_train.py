@@ -38,6 +38,8 @@ def test_fp8_disabled_is_bit_equal_to_fp32(setup) -> None:
     off = _with_fp8(cfg, enabled=False, warmup_steps=3, probe_every=1, max_relative_error=1.0)
     train(off, paths, model="teacher@off", nproc=1, epochs=1, progress=False)
     a, b = _weights(paths, "teacher@plain"), _weights(paths, "teacher@off")
+    # bit identity is the point: FP8 switched off must run the FP32 code path, the same ops in the same
+    # order on this machine (tests/tolerances.py), so any FP8 work leaking in shows as a difference
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     blob = torch.load(paths.model_dir("teacher@off") / "model.pt", weights_only=False)
     assert blob["fp8"] is None and not (paths.model_dir("teacher@off") / "fp8_plan.json").exists()
@@ -90,6 +92,7 @@ def test_fp8_run_resumes_exactly(setup) -> None:
     # the warm-up: the plan travels in the checkpoint
     train(on, paths, model="teacher@fb", nproc=1, epochs=1, resume=True, progress=False)
     a, b = _weights(paths, "teacher@fa"), _weights(paths, "teacher@fb")
+    # a resumed run replays the exact saved state on the same machine: the same ops (tests/tolerances.py)
     assert all(torch.equal(a[k], b[k]) for k in a)
     pa = json.loads((paths.model_dir("teacher@fa") / "fp8_plan.json").read_text())
     pb = json.loads((paths.model_dir("teacher@fb") / "fp8_plan.json").read_text())

@@ -169,6 +169,7 @@ def test_batch_sqlite_reader_matches_feast_online_read(served, window):
                                         entity_keys=[EntityKey(join_keys=[key], entity_values=[Value(int64_val=i)]) for i in ids])
             for i, (_, values) in zip(ids, want):
                 expect = [np.nan] * len(feats) if not values else [getattr(values[f], values[f].WhichOneof("val")) for f in feats]
+                # stored values read back, no arithmetic on either side: exactly equal
                 np.testing.assert_array_equal(got[i], np.array(expect, np.float64))
             assert np.isnan(got[987_654_321_009]).all() and not np.isnan(got[ids[0]]).all()
     finally:
@@ -198,7 +199,8 @@ def test_online_mirror_matches_the_store_and_reloads_after_a_write(served, windo
             want[f] = np.array([rows[i][j] for i in ids[key].tolist()])
     assert got.keys() == want.keys()
     for c in want:
-        np.testing.assert_array_equal(got[c], want[c])  # NaN where absent on both sides
+        # stored values read back, no arithmetic: exactly equal, NaN where absent on both sides
+        np.testing.assert_array_equal(got[c], want[c])
     assert online.reads == 0 and online.lookup_ids(ids)[1][-2] == ["user_id"]
 
     view = next(a for a in config.features.aggregates if a.entity == "user_id")

@@ -177,7 +177,7 @@ def test_redis_reads_equal_feast_and_the_sqlite_store(stack, window):
     got, unknown = redis_side.lookup_ids(dict(ids))
     want, want_unknown = lite.lookup_ids(dict(ids))
     assert set(got) == set(want) and unknown == want_unknown
-    for c in want:
+    for c in want:  # the same stored values decoded by two readers, no arithmetic: exactly equal
         np.testing.assert_array_equal(got[c], want[c], err_msg=c)
     assert any(np.any(v > 0) for v in got.values())
     # and what Feast's RedisOnlineStore.online_read decodes from the same hashes

@@ -78,7 +78,7 @@ def test_keeps_the_best_validation_and_stops_on_patience(setup, monkeypatch) -> 
     assert s["evals"][2]["val_macro_ne"] == pytest.approx(0.97)
     kept = _weights(paths, "teacher@best")
     assert kept.keys() == snapshots[2][1].keys()
-    for k in kept:
+    for k in kept:  # the kept best is a copy of the weights at that step: no arithmetic
         assert torch.equal(kept[k], snapshots[2][1][k]), k
     assert any(not torch.equal(kept[k], snapshots[-1][1][k]) for k in kept)  # training did go on past it
 
@@ -99,6 +99,6 @@ def test_resume_mid_epoch_with_validations(setup, cut) -> None:
     assert r["interrupted"] and r["global_step"] == stop
     resumed = train(cfg, paths, model=cut_name, nproc=1, epochs=2, resume=True, progress=False)
     b = _weights(paths, cut_name)
-    for k in full["state_dict"]:
+    for k in full["state_dict"]:  # the exact saved state replayed on the same machine: the same ops (tests/tolerances.py)
         assert torch.equal(full["state_dict"][k], b[k]), k
     assert [(e["step"], e["val_macro_ne"]) for e in resumed["evals"]] == [(e["step"], e["val_macro_ne"]) for e in evals]

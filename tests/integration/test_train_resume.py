@@ -34,7 +34,7 @@ def test_resume_equals_uninterrupted(setup) -> None:
     resumed = train(cfg, paths, model="teacher@b", nproc=1, epochs=2, resume=True, progress=False)
     a, b = _weights(paths, "teacher@a"), _weights(paths, "teacher@b")
     assert a.keys() == b.keys()
-    for k in a:
+    for k in a:  # the exact saved state replayed on the same machine: the same ops (tests/tolerances.py)
         assert torch.equal(a[k], b[k]), k
     assert [round(e["train_loss"], 10) for e in full["history"]] == [round(e["train_loss"], 10) for e in resumed["history"]]
     # and training did move the weights

@@ -19,6 +19,7 @@ from lattice.models import build_model
 from lattice.models.calibrated import Calibrated, CellCalibration
 from lattice.training import calibration as C
 from lattice.training.tiny import tiny
+from tolerances import assert_same_kernels_close
 
 ROOT = Path(__file__).resolve().parents[2]
 FITTED = ("platt", "isotonic", "histogram")
@@ -101,7 +102,7 @@ def _batch(config, n: int, n_dense: int, seed: int):
         rng.integers(0, len(config.domain_names), n))
 
 
-def test_eager_model_and_scripted_artifact_give_identical_calibrated_outputs(demo) -> None:
+def test_eager_model_and_scripted_artifact_give_the_same_calibrated_outputs(demo) -> None:
     from lattice.export.serving_module import script
 
     cfg = tiny(demo)
@@ -116,14 +117,19 @@ def test_eager_model_and_scripted_artifact_give_identical_calibrated_outputs(dem
         raw = {o: torch.sigmoid(v) for o, v in net(dense, kjt, domain).items()}
         served = scripted(dense, kjt, domain)
     for o in cfg.objective_names:
-        assert torch.equal(served[o], eager[o]), o
+        # the artifact pools its tables with aten's embedding_bag, the eager model with fbgemm's
+        # TBE kernel: float32 sums in another order (tests/tolerances.py)
+        assert_same_kernels_close(served[o], eager[o], o)
         assert not torch.allclose(eager[o], raw[o])  # the stage really acts
     # the map travels inside the artifact: saved and loaded, it still answers the same
     buf = io.BytesIO()
     torch.jit.save(scripted, buf)
     buf.seek(0)
     loaded = torch.jit.load(buf)
-    assert all(torch.equal(loaded(dense, kjt, domain)[o], eager[o]) for o in cfg.objective_names)
+    again = loaded(dense, kjt, domain)
+    for o in cfg.objective_names:
+        # the same TorchScript graph and weights, saved and loaded: the same ops on this machine
+        assert torch.equal(again[o], served[o]), o
 
 
 # ---------------------------------------------------------------- the trainer's calibration step

@@ -26,6 +26,7 @@ from lattice.models.gemm import GemmSite, Linear, PairMatmul, TokenMix, sites
 from lattice.models.interaction import WukongLayer, mlp
 from lattice.models.mods import BlockRMSNorm
 from lattice.training.tiny import tiny
+from tolerances import assert_same_kernels_close
 
 ROOT = Path(__file__).resolve().parents[2]
 B = 6
@@ -169,13 +170,19 @@ def test_sites_without_recipe_are_the_old_network_bit_for_bit(demo, monkeypatch,
         old = build_model(cfg, kind, 4)
     assert not any(isinstance(m, GemmSite) for m in old.modules()) and sites(new)
     old_out, old_grad = _run(old, cfg)
-    assert set(new_out) == set(old_out) and all(torch.equal(new_out[o], old_out[o]) for o in old_out)
+    # outputs and gradients: two implementations of the same layers, which may group their float32
+    # additions differently on another CPU (tests/tolerances.py)
+    assert set(new_out) == set(old_out)
+    for o in old_out:
+        assert_same_kernels_close(new_out[o], old_out[o], o)
     old_params = dict(old.named_parameters())
     assert {_old_name(n) for n in dict(new.named_parameters())} == set(old_params)
     for n, p in new.named_parameters():
-        assert torch.equal(p, old_params[_old_name(n)]), n
+        assert torch.equal(p, old_params[_old_name(n)]), n  # the same seeded draws in the same order: no arithmetic
         g, h = new_grad[n], old_grad[_old_name(n)]
-        assert (g is None and h is None) or torch.equal(g, h), n
+        assert (g is None) == (h is None), n
+        if g is not None:
+            assert_same_kernels_close(g, h, n)
 
 
 def test_standalone_layers_keep_their_seeded_numbers() -> None:

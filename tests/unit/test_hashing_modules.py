@@ -431,7 +431,7 @@ def test_a_saved_model_rebuilds_from_its_blob_alone(demo, scheme) -> None:
     kjt = kjt_for(cfg, np.random.default_rng(3), 16, extra=HUGE)
     with torch.no_grad():
         a, b = model(torch.zeros(16, 4), kjt, torch.arange(16) % 3), again(torch.zeros(16, 4), kjt, torch.arange(16) % 3)
-    assert all(torch.equal(a[o], b[o]) for o in a)
+    assert all(torch.equal(a[o], b[o]) for o in a)  # rebuilt from its blob: the same modules, weights and ops
 
 
 def test_cost_reports_real_parameters_and_the_lookup_buffers(demo) -> None:

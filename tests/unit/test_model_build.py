@@ -161,6 +161,7 @@ def test_a_model_saved_before_dense_tokens_existed_rebuilds_with_two(demo) -> No
     kjt = kjt_from_ids(names, [np.arange(8) % 5 for _ in names], [np.ones(8, bool) for _ in names])
     inputs = (torch.randn(8, 4), kjt, torch.arange(8) % len(cfg.domain_names))
     with torch.no_grad():
+        # rebuilt from its blob: the same modules and weights on the same inputs run the same ops
         assert all(torch.equal(a, b) for a, b in zip(model(*inputs).values(), again(*inputs).values()))
 
 
