@@ -50,11 +50,18 @@ def _task(config_file: str, spec: DagSpec, t: TaskSpec, outlets: list[Asset]):
     def run_stage() -> dict:
         from airflow.sdk.exceptions import AirflowFailException
 
-        from lattice.orchestration.task_runner import DeterministicError, GateRejected, run_task
+        from airflow.sdk.exceptions import AirflowSkipException
+
+        from lattice.orchestration.task_runner import DeterministicError, GateRejected, OutsideRange, run_task
 
         context = get_current_context()
+        run = context.get("dag_run")
+        run_type = getattr(getattr(run, "run_type", None), "value", getattr(run, "run_type", None))
+        interval = (str(run_type) if run_type else None, context.get("data_interval_start"), context.get("data_interval_end"))
         try:
-            return run_task(config_file, t, dict(context["params"]), spec.params)
+            return run_task(config_file, t, dict(context["params"]), spec.params, interval)
+        except OutsideRange as exc:
+            raise AirflowSkipException(str(exc)) from exc
         except GateRejected as exc:
             # the decision stays readable (UI XCom tab, REST) although the task fails
             context["ti"].xcom_push(key="decision", value=exc.result)

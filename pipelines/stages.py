@@ -16,7 +16,15 @@ if __name__ == "__main__":
 from lattice.config import PlatformConfig
 from lattice.paths import Paths
 
-CHAIN = ["consolidate", "aggregates", "feast_apply", "training_set", "materialize"]
+# the Spark/Feast steps of the pipeline graph's features family, in the graph's order (the graph
+# is the one declaration of the order; this stage runs those steps in one process, one Spark session)
+JOBS = ("consolidate", "aggregates", "feast_apply", "training_set", "materialize")
+
+
+def chain(config: PlatformConfig) -> list[str]:
+    from lattice.orchestration.graph import steps_of
+
+    return [s.stage for s in steps_of(config, "features") if s.stage in JOBS]
 
 
 def _job(name: str) -> Callable[..., dict]:
@@ -42,7 +50,7 @@ def run_features(config: PlatformConfig, paths: Paths, start: str | None = None,
     t0 = time.perf_counter()
     summary: dict = {"config": config.name, "workdir": str(paths.workdir), "status": "running", "stages": {}}
     try:
-        for name in CHAIN:
+        for name in chain(config):
             t = time.perf_counter()
             # the window and domain filter choose what is (re)ingested; everything downstream is
             # rebuilt from the whole consolidated table (windows need history, models need all days)
@@ -75,7 +83,7 @@ def run_features(config: PlatformConfig, paths: Paths, start: str | None = None,
                "training_set": str(paths.training_set), "validation": str(paths.validation),
                "data_docs": cons["paths"]["data_docs"]},
         feature_service=summary["stages"]["feast_apply"]["feature_service"],
-        timings={name: summary["stages"][name]["seconds"] for name in CHAIN},
+        timings={name: summary["stages"][name]["seconds"] for name in summary["stages"]},
     )
     _write(paths, summary, t0)
     return summary

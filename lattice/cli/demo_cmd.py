@@ -36,7 +36,8 @@ def _demo(args: argparse.Namespace) -> int:
     else:
         paths = Paths.for_config(config)
     report = run_demo(config, paths, rows=args.rows, nproc=args.nproc, epochs=args.epochs,
-                      serve_requests=args.requests, progress=not args.quiet)
+                      serve_requests=args.requests, progress=not args.quiet,
+                      config_file=args.config)
     print(_summary(report))
     print(f"\nreport: {paths.workdir / 'report.html'}  (and report.json)")
     if report.get("status") != "ok":

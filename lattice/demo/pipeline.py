@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Any
 
 from lattice.config import PlatformConfig
-from lattice.config.schema import HASHING_NEEDS_FIT
 from lattice.demo.report import write_html
 from lattice.demo.run import DemoRunner, write_json
 from lattice.paths import Paths
@@ -17,42 +16,35 @@ def _read_json(path: Path) -> dict[str, Any]:
     return json.loads(path.read_text()) if path.exists() else {}
 
 
-def baseline_names(config: PlatformConfig) -> list[str]:
-    b = config.models.baselines
-    names = [n for n, on in (("separate", b.separate), ("pooled", b.pooled)) if on]
-    if b.multitask != "none":
-        names.append(b.multitask)
-    # the LightGBM baselines: what every deep model must beat on the same split and features
-    names += [n for n, on in (("gbdt", b.gbdt), ("gbdt_cell", b.gbdt_cell)) if on]
-    return names
-
-
 def run_demo(config: PlatformConfig, paths: Paths, rows: int, nproc: int = 2, epochs: int | None = None,
-             serve_requests: int = 300, progress: bool = True) -> dict[str, Any]:
-    from lattice.stages import run_stage
+             serve_requests: int = 300, progress: bool = True, config_file: str | None = None) -> dict[str, Any]:
+    """Every step of the pipeline graph in order (the steps the DAGs run, through the same executor),
+    then a serving check; the report is written whatever happens."""
+    from lattice.orchestration.graph import pipeline, select
+    from lattice.orchestration.spec import dag_specs
+    from lattice.orchestration.task_runner import RunContext, execute
 
     paths.ensure()
     runner = DemoRunner(config, paths)
     report: dict[str, Any] = {"rows": rows}
+    specs = {d.family: d.params for d in dag_specs(config)}
+    params: dict[str, Any] = {"synthetic_rows": rows}
+    if epochs is not None:
+        params["epochs"] = epochs
+    # the teacher shards over `nproc` ranks; the student is small enough for one process
+    ctx = RunContext(config, paths, params, family_params={"train_teacher": {"nproc": nproc}, "distill": {"nproc": 1}},
+                     config_file=config_file, extra={"progress": progress})
+    summaries: dict[str, dict[str, Any]] = {}
     try:
-        runner.step("synth", f"synthetic multi-domain logs ({rows:,} rows)",
-                    lambda: run_stage("synth", config, paths, rows=rows, progress=progress))
-        features = runner.step("features", "features: Spark consolidation, GX validation, Feast",
-                               lambda: run_stage("features", config, paths))
-        report["pipeline"] = pipeline_section(features)
-        if any(f.hashing in HASHING_NEEDS_FIT for f in config.features.sparse):
-            report["hashing"] = runner.step("hashing", "hashing fit: id maps of the compressed embeddings",
-                                            lambda: run_stage("hashing_fit", config, paths))
-        runner.step("teacher", f"MDMO teacher on TorchRec ({nproc} ranks)",
-                    lambda: run_stage("train", config, paths, model="teacher", nproc=nproc, epochs=epochs, progress=progress))
-        for b in baseline_names(config):
-            runner.step(f"baseline_{b}", f"baseline: {b}",
-                        lambda b=b: run_stage("train", config, paths, model=b, nproc=1, epochs=epochs, progress=progress))
-        report["distillation"] = runner.step(
-            "distill", "distilled student (teacher scores → student → export → registry)",
-            lambda: run_stage("distill", config, paths, nproc=1, epochs=epochs, progress=progress))
-        report["promotion"] = runner.step("promote", "promotion gate vs champion (MLflow registry)",
-                                          lambda: run_stage("promote", config, paths))
+        for step in select(pipeline(config)):
+            result = runner.step(step.task_id, f"{step.family} · {step.task_id}: {step.doc}",
+                                 lambda step=step: _run_step(ctx, step, specs[step.family]))
+            summaries[step.task_id] = result.get("summary", {})
+        report["pipeline"] = pipeline_section(summaries)
+        if "fit_hashing" in summaries:
+            report["hashing"] = summaries["fit_hashing"]
+        report["distillation"] = summaries.get("distill_student")
+        report["promotion"] = summaries.get("gate_and_promote")
         from lattice.demo.serving_check import serving_check
 
         report["serving"] = runner.step("serve", f"serving check ({serve_requests} requests over HTTP)",
@@ -61,6 +53,7 @@ def run_demo(config: PlatformConfig, paths: Paths, rows: int, nproc: int = 2, ep
     except Exception as exc:
         report["status"] = "failed"
         report["error"] = f"{type(exc).__name__}: {exc}"
+        report.setdefault("pipeline", pipeline_section(summaries))
     finally:
         try:
             report.update(collect(config, paths))
@@ -74,13 +67,31 @@ def run_demo(config: PlatformConfig, paths: Paths, rows: int, nproc: int = 2, ep
     return report
 
 
-def pipeline_section(summary: dict[str, Any]) -> dict[str, Any]:
-    """The features stage summary -> per-domain rows in / out / quarantined / skipped."""
+def _run_step(ctx, step, specs) -> dict[str, Any]:
+    """One step through the DAGs' executor. A gate that says no is an outcome here, not a failure:
+    the report shows the decision and every reason, and the serving check goes on with the champion
+    (a second demo in the same workdir may well keep the first champion)."""
+    from lattice.orchestration.task_runner import GateRejected, execute
+
+    try:
+        return execute(ctx, step, specs)
+    except GateRejected as exc:
+        if step.gate:
+            return exc.result
+        raise
+
+
+def pipeline_section(summaries: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The feature steps' summaries -> per-domain rows in / out / quarantined / skipped."""
+    cons = summaries.get("consolidate") or {}
     rec = {r["domain"]: {"in": r["rows_in"], "out": r["rows_out"], "quarantined": r["quarantined"], "skipped": r.get("skipped", 0)}
-           for r in summary.get("reconciliation", [])}
-    return {"reconciliation": rec, "quarantine_reasons": summary.get("quarantine_reasons", {}),
-            "counts": summary.get("counts", {}), "timings": summary.get("timings", {}),
-            "feature_service": summary.get("feature_service")}
+           for r in cons.get("reconciliation", [])}
+    counts = {"consolidate": cons.get("totals", {})}
+    if "training_set" in summaries:
+        counts["training_set"] = summaries["training_set"].get("rows")
+    timings = {name: s.get("seconds") for name, s in summaries.items() if isinstance(s, dict)}
+    return {"reconciliation": rec, "quarantine_reasons": cons.get("quarantine_reasons", {}), "counts": counts,
+            "timings": timings, "feature_service": (summaries.get("feast_apply") or {}).get("feature_service")}
 
 
 def collect(config: PlatformConfig, paths: Paths) -> dict[str, Any]:

@@ -8,16 +8,14 @@ objective therefore changes the DAGs with no code change.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Any
 
 from lattice.config import PlatformConfig
-from lattice.config.schema import HASHING_NEEDS_FIT, Schedule
+from lattice.config.schema import Schedule
+from lattice.orchestration.graph import FAMILIES, AssetKind, Family, TaskSpec, steps_of
 
-Family = Literal["features", "train_teacher", "distill", "promote", "tune"]
-FAMILIES: tuple[Family, ...] = ("features", "train_teacher", "distill", "promote", "tune")
-AssetKind = Literal["features", "teacher", "student"]
-
+__all__ = ["FAMILIES", "AssetKind", "DagSpec", "Family", "ParamSpec", "TaskSpec", "dag_id", "dag_specs", "defaults"]
 
 @dataclass(frozen=True)
 class ParamSpec:
@@ -28,36 +26,6 @@ class ParamSpec:
     title: str
     description: str
     schema: dict[str, Any]
-
-
-@dataclass(frozen=True)
-class TaskSpec:
-    task_id: str
-    stage: str
-    doc: str
-    forward: dict[str, str] = field(default_factory=dict)
-    """Run parameter -> stage keyword. A value changed from its default must be honoured: a stage
-    without that keyword fails the task instead of silently ignoring the user's choice."""
-    fixed: dict[str, Any] = field(default_factory=dict)
-    """Keywords always passed (e.g. model="teacher")."""
-    config_sets: dict[str, str] = field(default_factory=dict)
-    """Run parameter -> config key it sets for this run (like `--set KEY=VALUE`), e.g. the FP8
-    switch of the trigger form -> `fp8.enabled`; a parameter left empty keeps the config's value."""
-    switch: tuple[str, str] | None = None
-    """(boolean run parameter, stage): run that stage instead when the parameter is true."""
-    outlet: AssetKind | None = None
-    """The asset this task updates when it succeeds (triggers asset-scheduled DAGs)."""
-    narrow: bool = False
-    """Apply the run's `domains` / `objectives` params by narrowing the config and, for a domain
-    subset, the training table the stage reads (model stages)."""
-    gate: str | None = None
-    """Summary key that must be true for the task to succeed (the promotion gate's `passed`): when
-    it is false the task fails without retries, its message listing the failed checks, so the run
-    is red in the grid and no downstream task acts as if the gate had passed."""
-    replaces_model: str | None = None
-    """The model folder this task rewrites (`paths.model_dir(name)`): the stage writes it in a
-    scratch folder that replaces the old one only when the stage succeeds, so a failed run leaves
-    the previous model whole instead of a mix of new metadata beside the old weights."""
 
 
 @dataclass(frozen=True)
@@ -124,9 +92,6 @@ def _training(config: PlatformConfig, what: str) -> list[ParamSpec]:
     ]
 
 
-FP8_SET = {"fp8": "fp8.enabled"}
-
-
 def _features_params(config: PlatformConfig) -> list[ParamSpec]:
     tr = config.time_range
     params = [
@@ -148,35 +113,6 @@ def _features_params(config: PlatformConfig) -> list[ParamSpec]:
     return params
 
 
-def _features_tasks(config: PlatformConfig) -> list[TaskSpec]:
-    tasks = []
-    if config.synthetic is not None:
-        tasks.append(TaskSpec("synthesize_raw_logs", "synth", "Generate the synthetic raw logs unless they already exist.",
-                              forward={"synthetic_rows": "rows"}))
-    every = {"start": "start", "end": "end", "domains": "domains", "spark_master": "master"}
-    tasks += [
-        TaskSpec("consolidate", "consolidate",
-                 "Ingest every domain's raw log, validate it (bad rows to quarantine) and write the consolidated examples.",
-                 forward=every),
-        TaskSpec("aggregates", "aggregates", "Point-in-time entity aggregates over the consolidated examples.", forward=every),
-        TaskSpec("feast_apply", "feast_apply", "Register entities, feature views and the feature service in Feast.",
-                 forward=every),
-        TaskSpec("training_set", "training_set",
-                 "Point-in-time join of examples and Feast features into the training set.", forward=every),
-    ]
-    if any(f.hashing in HASHING_NEEDS_FIT for f in config.features.sparse):
-        # on the table training reads, and before `materialize` announces the features asset
-        # (which starts teacher training, and training refuses a missing or stale fit)
-        tasks.append(TaskSpec("fit_hashing", "hashing_fit",
-                              "Fit the id -> row maps of the vocab / mixed / learned sparse features on the training split.",
-                              forward={"spark_master": "master"}))
-    tasks += [
-        TaskSpec("materialize", "materialize", "Load the latest feature values into the online store.",
-                 forward=every, outlet="features"),
-    ]
-    return tasks
-
-
 def _doc(config: PlatformConfig, family: Family, tasks: list[TaskSpec], schedule: Schedule) -> str:
     if schedule.cron:
         when = f"cron `{schedule.cron}`"
@@ -188,74 +124,20 @@ def _doc(config: PlatformConfig, family: Family, tasks: list[TaskSpec], schedule
     return "\n".join(lines)
 
 
-def _model_task(*args, **kwargs) -> TaskSpec:
-    return TaskSpec(*args, narrow=True, **kwargs)
-
-
-def _tree_tasks(config: PlatformConfig) -> list[TaskSpec]:
-    """The LightGBM baselines after the teacher is registered (a failed baseline never holds back the
-    teacher or the DAGs its asset triggers), then one report with the teacher beside them."""
-    b = config.models.baselines
-    trees = [n for n, on in (("gbdt", b.gbdt), ("gbdt_cell", b.gbdt_cell)) if on]
-    if not trees:
-        return []
-    what = {"gbdt": "one booster per objective over every domain", "gbdt_cell": "one booster per (domain, objective) cell"}
-    tasks = [_model_task(f"train_{n}", "train_gbdt",
-                         f"LightGBM baseline `{n}` ({what[n]}) on the teacher's split and features.",
-                         fixed={"model": n}, replaces_model=n) for n in trees]
-    tasks.append(_model_task("evaluate_vs_trees", "evaluate",
-                             "The teacher beside the tree baselines: per-cell NE and whether the teacher beats trees.",
-                             fixed={"model": ["teacher", *trees]}))
-    return tasks
-
-
 def dag_specs(config: PlatformConfig) -> list[DagSpec]:
     """The DAGs of one config, in the order data flows through them (then the manual `tune`)."""
-    families: dict[Family, tuple[str, list[ParamSpec], list[TaskSpec]]] = {
-        "features": ("Consolidate, validate and publish the features of every domain",
-                     _features_params(config), _features_tasks(config)),
-        "train_teacher": (
-            "Train the multi-domain multi-objective teacher and register it",
-            [_domains(config), _objectives(config), *_training(config, "teacher")],
-            [
-                _model_task("train_teacher", "train", "Sharded teacher training under torchrun on the training set.",
-                         forward={"epochs": "epochs", "nproc": "nproc"}, fixed={"model": "teacher"},
-                         replaces_model="teacher", config_sets=FP8_SET),
-                _model_task("evaluate_teacher", "evaluate", "NE, AUC and calibration per (domain, objective) cell.",
-                         fixed={"model": "teacher"}),
-                _model_task("register_teacher", "register", "Version the teacher in the model registry.",
-                         fixed={"model": "teacher"}, outlet="teacher"),
-                *_tree_tasks(config),
-            ],
-        ),
-        "distill": (
-            "Distill the teacher into the small student and register it as challenger",
-            [_domains(config), _objectives(config), *_training(config, "student")],
-            [
-                _model_task("distill_student", "distill",
-                         "Teacher soft labels, student training on labels + soft labels, evaluation and cost report.",
-                         forward={"epochs": "epochs", "nproc": "nproc"}, fixed={"export": False, "register": False},
-                         replaces_model="student", config_sets=FP8_SET),
-                _model_task("export_student", "export",
-                            "Export the student for serving (TorchScript) and measure latency and size.",
-                         fixed={"model": "student"}),
-                _model_task("register_student", "register", "Version the student in the registry as challenger.",
-                         fixed={"model": "student"}, outlet="student"),
-            ],
-        ),
+    families: dict[Family, tuple[str, list[ParamSpec]]] = {
+        "features": ("Consolidate, validate and publish the features of every domain", _features_params(config)),
+        "train_teacher": ("Train the multi-domain multi-objective teacher and register it",
+                          [_domains(config), _objectives(config), *_training(config, "teacher")]),
+        "distill": ("Distill the teacher into the small student and register it as challenger",
+                    [_domains(config), _objectives(config), *_training(config, "student")]),
         "promote": (
             "Gate the challenger against the champion and move the champion alias (or roll back)",
             [
                 _flag("dry_run", False, "Dry run", "Run the gate and report its decision without moving the champion alias."),
                 _flag("rollback", False, "Roll back",
                       "Instead of promoting, point the champion alias back at the previous champion."),
-            ],
-            [
-                TaskSpec("gate_and_promote", "promote",
-                         "Compare the challenger with the champion cell by cell and promote it; a rejected "
-                         "challenger fails this task (no retries) with every failed check in its message, and "
-                         "the decision stays in its `decision` XCom.",
-                         forward={"dry_run": "dry_run"}, switch=("rollback", "rollback"), gate="passed"),
             ],
         ),
         "tune": (
@@ -270,18 +152,12 @@ def dag_specs(config: PlatformConfig) -> list[DagSpec]:
                 ParamSpec("study", None, "Study", "Study name (default: the model); a new name starts a new study.",
                           {"type": ["null", "string"]}),
             ],
-            [
-                TaskSpec("tune", "tune",
-                         "Optuna trials over `tune.space`, each judged by its validation macro NE (the test split is "
-                         "never read), every trial an MLflow run; the best goes to <workdir>/tune/<study>/overlay.yaml.",
-                         forward={"model": "model", "trials": "trials", "epochs": "epochs", "nproc": "nproc",
-                                  "study": "study"}),
-            ],
         ),
     }
     out = []
     for family in FAMILIES:
-        description, params, tasks = families[family]
+        description, params = families[family]
+        tasks = steps_of(config, family)
         schedule = getattr(config.schedules, family)
         out.append(DagSpec(dag_id(config.name, family), family, config.name, f"{config.name}: {description}",
                            _doc(config, family, tasks, schedule), schedule, params, tasks))

@@ -18,11 +18,13 @@ import json
 import logging
 import math
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from lattice.orchestration.run_paths import RunPaths, relocate, subset_table
 from lattice.orchestration.spec import ParamSpec, TaskSpec
+from lattice.paths import Paths
 
 log = logging.getLogger("lattice.orchestration")
 
@@ -96,6 +98,33 @@ def check_params(params: dict[str, Any], specs: list[ParamSpec]) -> None:
         raise DeterministicError(f"unknown params {unknown}; this DAG takes {sorted(known)}")
 
 
+class OutsideRange(TaskError):
+    """A scheduled or backfilled day that lies outside the config's `time_range` (what may be
+    processed): nothing to do, and the DAG marks the task skipped rather than failed."""
+
+
+# Airflow run types whose data interval is the day the run works on (a manual trigger keeps the
+# form's date range; an asset-triggered run inherits no interval of its own)
+INTERVAL_RUNS = frozenset({"scheduled", "backfill"})
+
+
+def interval_params(params: dict[str, Any], specs: list[ParamSpec], run_type: str | None,
+                    start: dt.datetime | None, end: dt.datetime | None, bounds) -> dict[str, Any]:
+    """The run's parameters with `start`/`end` set to Airflow's data interval, clipped to the
+    config's `time_range` (`bounds`), when the run is scheduled or backfilled and its form takes
+    dates. Raises `OutsideRange` when the interval and the bounds do not meet."""
+    names = {p.name for p in specs}
+    if run_type not in INTERVAL_RUNS or not {"start", "end"} <= names or start is None or end is None:
+        return params
+    lo, hi = max(start.date(), bounds.start), min(end.date(), bounds.end)
+    if end.date() == start.date():  # an interval shorter than a day still names its day
+        hi = min(start.date() + dt.timedelta(days=1), bounds.end)
+    if hi <= lo:
+        raise OutsideRange(f"the {run_type} run's data interval [{start.date()}, {end.date()}) lies outside the config's "
+                           f"time_range [{bounds.start}, {bounds.end}): nothing to process (widen time_range to admit it)")
+    return {**params, "start": lo.isoformat(), "end": hi.isoformat()}
+
+
 def stage_kwargs(stage_fn, task: TaskSpec, params: dict[str, Any], specs: list[ParamSpec]) -> dict[str, Any]:
     """The keywords to call the stage with. A parameter left at its default is dropped when the
     stage has no such keyword; a changed one the stage cannot take is an error (never ignored)."""
@@ -147,20 +176,69 @@ def _log_summary(stage: str, summary: Any, seconds: float) -> None:
                 log.info("  %s = %s", key, json.dumps(value, default=str)[:500])
 
 
-def run_task(config_file: str | Path, task: TaskSpec, params: dict[str, Any], specs: list[ParamSpec]) -> dict[str, Any]:
-    """Run one task of a DAG for the config in `config_file`; returns the stage's JSON summary."""
-    from lattice import stages
-    from lattice.config import ConfigError, load_config
+@dataclass
+class RunContext:
+    """What one run resolves once for every step it runs: the config (loaded with the run's own
+    `--set` overrides), where it reads and writes (the deployment profile's paths, or the caller's),
+    the run parameters (the data interval among them) and the extra keywords stages may take.
+    A DAG task builds one for its single step; the demo and `lattice run` build one for all steps."""
+
+    config: Any
+    paths: Paths
+    params: dict[str, Any] = field(default_factory=dict)
+    """Run parameters (the DAG form's names: start, end, domains, epochs, nproc, ...)."""
+    family_params: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Parameters for one family only, over `params` (the demo trains the student on 1 process)."""
+    config_file: str | None = None
+    overrides: list[str] = field(default_factory=list)
+    """The run's own `--set KEY=VALUE` (kept when a step's form parameter sets another key)."""
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Keywords handed to every stage that takes them (e.g. progress=False)."""
+
+    def params_for(self, task: TaskSpec, specs: list[ParamSpec]) -> dict[str, Any]:
+        """The parameters of the task's DAG form: the run's, narrowed to what the form declares."""
+        known = {p.name for p in specs}
+        merged = {**self.params, **self.family_params.get(task.family, {})}
+        return {k: v for k, v in merged.items() if k in known}
+
+
+def run_task(config_file: str | Path, task: TaskSpec, params: dict[str, Any], specs: list[ParamSpec],
+             interval: tuple[str | None, dt.datetime | None, dt.datetime | None] | None = None) -> dict[str, Any]:
+    """Run one task of a DAG for the config in `config_file`; returns the stage's JSON summary.
+    `interval` is (run type, data interval start, end) of the DAG run: a scheduled or backfilled
+    run works on its own day (`interval_params`)."""
     from lattice.orchestration.locations import paths_for
 
     params = dict(params or {})
     check_params(params, specs)
-    sets = [f"{key}={str(params[name]).lower() if isinstance(params[name], bool) else params[name]}"
-            for name, key in task.config_sets.items() if params.get(name) is not None]
+    config = _load(str(config_file), [])
+    if interval is not None:
+        params = interval_params(params, specs, *interval, config.time_range)
+        log.info("data interval of this %s run: [%s, %s)", interval[0], params.get("start"), params.get("end"))
+    return execute(RunContext(config, paths_for(config), params, config_file=str(config_file)), task, specs)
+
+
+def _load(config_file: str, sets: list[str]):
+    from lattice.config import ConfigError, load_config
+
     try:
-        config = load_config(str(config_file), sets or None)
+        return load_config(config_file, sets or None)
     except ConfigError as exc:
         raise DeterministicError(f"config {config_file} is invalid (fix the file; retrying cannot help):\n{exc}") from None
+
+
+def execute(ctx: RunContext, task: TaskSpec, specs: list[ParamSpec]) -> dict[str, Any]:
+    """Run one step of the pipeline in `ctx`: narrow the config to the run's subsets, stage a
+    rewritten model folder in scratch, call the stage, swap on success; returns its JSON summary."""
+    from lattice import stages
+
+    params = ctx.params_for(task, specs)
+    sets = [f"{key}={str(params[name]).lower() if isinstance(params[name], bool) else params[name]}"
+            for name, key in task.config_sets.items() if params.get(name) is not None]
+    if sets and ctx.config_file is None:
+        raise DeterministicError(f"task {task.task_id!r}: params {sorted(task.config_sets)} set config keys, which needs "
+                                 "the run's config file")
+    config = _load(ctx.config_file, [*ctx.overrides, *sets]) if sets else ctx.config
     stage = task.stage
     if task.switch and params.get(task.switch[0]):
         stage = task.switch[1]
@@ -179,7 +257,9 @@ def run_task(config_file: str | Path, task: TaskSpec, params: dict[str, Any], sp
             raise DeterministicError(str(exc)) from None
     stage_fn = stages.get_stage(stage)
     kwargs = stage_kwargs(stage_fn, task, params, specs)
-    paths = run_paths = paths_for(config).ensure()
+    accepts = inspect.signature(stage_fn).parameters
+    kwargs.update({k: v for k, v in ctx.extra.items() if k in accepts and k not in kwargs})
+    paths = run_paths = ctx.paths.ensure()
     table = None
     if config.domain_names != all_domains:
         try:
@@ -192,7 +272,7 @@ def run_task(config_file: str | Path, task: TaskSpec, params: dict[str, Any], sp
     staged = task.replaces_model if stage == task.stage else None
     if table is not None or staged:
         run_paths = RunPaths.make(paths, table=table, staged=staged).ensure()
-    log.info("config %s (%s): stage %s with %s; workdir %s", config.name, config_file, stage, kwargs, paths.workdir)
+    log.info("config %s (%s): stage %s with %s; workdir %s", config.name, ctx.config_file, stage, kwargs, paths.workdir)
     started = time.perf_counter()
     try:
         summary = stage_fn(config, run_paths, **kwargs)

@@ -16,8 +16,11 @@ import yaml
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
-STAGES = ["synth", "features", "teacher", "baseline_separate", "baseline_pooled", "baseline_mmoe", "baseline_gbdt",
-          "baseline_gbdt_cell", "distill", "promote", "serve"]
+# the pipeline graph's steps (the DAGs' tasks, in their order), then the demo's serving check
+STAGES = ["synthesize_raw_logs", "consolidate", "aggregates", "feast_apply", "training_set", "materialize",
+          "train_teacher", "evaluate_teacher", "register_teacher", "train_separate", "train_pooled", "train_mmoe",
+          "train_gbdt", "train_gbdt_cell", "evaluate_vs_trees", "distill_student", "export_student", "register_student",
+          "gate_and_promote", "serve"]
 
 
 def _tiny_demo_config(folder: Path) -> Path:

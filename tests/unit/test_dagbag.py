@@ -86,8 +86,9 @@ def test_dags_carry_ui_params_schedules_and_retries(monkeypatch) -> None:
     for dag in (features, teacher, distill, promote):
         for task in dag.tasks:
             assert task.retries >= 1 and task.retry_exponential_backoff, task.task_id
-    assert [t.task_id for t in teacher.topological_sort()] == ["train_teacher", "evaluate_teacher", "register_teacher",
-                                                               "train_gbdt", "train_gbdt_cell", "evaluate_vs_trees"]
+    assert [t.task_id for t in teacher.topological_sort()] == [
+        "train_teacher", "evaluate_teacher", "register_teacher", "train_separate", "train_pooled", "train_mmoe",
+        "train_gbdt", "train_gbdt_cell", "evaluate_vs_trees"]
 
 
 def test_a_new_config_or_domain_changes_the_dags_without_code(monkeypatch, tmp_path: Path) -> None:
