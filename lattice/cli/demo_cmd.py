@@ -18,6 +18,11 @@ def _summary(report: dict) -> str:
     promo = report.get("promotion") or {}
     if promo:
         lines.append(f"\nPromotion: {promo.get('decision', '?')} (champion {_v(promo.get('champion_before'))} -> {_v(promo.get('champion_after'))})")
+    serving = report.get("serving") or {}
+    if serving:
+        lines.append(f"Serving check: {serving.get('requests', 0)} requests, {serving.get('failed', 0)} failed, "
+                     f"max |Δp| vs offline {serving.get('max_abs_diff_vs_offline', float('nan')):.2e} "
+                     f"(tolerance {serving.get('tolerance', float('nan')):g}), p99 {serving.get('latency_p99_ms', float('nan')):.1f} ms")
     lines.append("\nStage timings:")
     for t in report.get("timings", []):
         lines.append(f"  {t['stage']:<22}{t['seconds']:>9.1f}s  {t['status']}")
