@@ -23,6 +23,10 @@ def _check(args: argparse.Namespace) -> int:
         _report(exc.file, exc.problems)
         return 1
     print(render_summary(config))
+    from lattice.config.notes import speed_notes
+
+    for note in speed_notes(config):
+        print(f"note: {note}")
     if not args.no_data:
         # the data checks run after the config is valid: they read paths and formats from it
         from lattice.config.datacheck import data_problems

@@ -1057,6 +1057,15 @@ class PlatformConfig(Strict):
         for i, d in enumerate(domains):
             if d not in with_source:
                 out.append((f"domains[{i}]", d, "no source feeds this domain; add a source whose 'domain' is it, or remove it"))
+        feature_columns = {f.column for kind in ("sparse", "dense") for f in getattr(self.features, kind)}
+        for i, s in enumerate(self.sources):
+            for raw, canon in s.columns.items():
+                if canon not in feature_columns:
+                    # nothing downstream reads a canonical column that no feature declares: it would vanish
+                    out.append((f"sources[{i}].columns.{raw}", canon,
+                                f"{canon!r} is not a feature column, so it would be dropped: to carry raw column {raw!r} "
+                                f"to the consolidated table and every predictions file, list it under this source's "
+                                f"'passthrough: [{raw}]' instead; to train on it, declare a feature whose column is {canon!r}"))
         for kind in ("sparse", "dense"):
             for i, f in enumerate(getattr(self.features, kind)):
                 if f.column not in provided:

@@ -97,6 +97,9 @@ BROKEN = [
     ("given_fewer_domains", lambda d: (d["objectives"][0].update(domains=["feed"]), d["objectives"][1].update(given="click")),
      "objectives[1].given", "not labelled in every domain"),
     ("schedule_both", _set("schedules.distill", {"cron": "@daily", "asset": "teacher"}), "schedules.distill", "not both"),
+    # issue 40: a mapping to a column no feature reads would vanish silently; the fix names passthrough
+    ("columns_target_not_a_feature", lambda d: d["sources"][0]["columns"].update(row_id="row_id"),
+     "sources[0].columns.row_id", "'passthrough: [row_id]'"),
 ]
 
 
@@ -330,3 +333,15 @@ def test_demo_data_checks(tmp_path: Path) -> None:
 def test_shared_data_configs_pass_the_data_checks(path: Path, shared_data: Path, monkeypatch) -> None:
     monkeypatch.setenv("LATTICE_SHARED_DATA", str(shared_data))  # the configs' default is relative to the current directory
     assert data_problems(load_config(path)) == []
+
+
+def test_config_check_notes_ranks_above_the_cores() -> None:
+    from lattice.config.notes import speed_notes
+
+    cfg = parse_config(_mutate(_set("training.nproc", 2)), "demo.yaml")
+    note = speed_notes(cfg, cores=2, gpu=False)
+    assert len(note) == 1 and "1.5-1.8x slower" in note[0] and "nproc: 0" in note[0]
+    assert speed_notes(cfg, cores=16, gpu=False) == []  # cores to spare: nothing measured against it
+    assert speed_notes(cfg, cores=2, gpu=True) == []  # one rank per GPU is the point of ranks
+    one = parse_config(_mutate(_set("training.nproc", 1)), "demo.yaml")
+    assert speed_notes(one, cores=2, gpu=False) == []
