@@ -75,6 +75,17 @@ def table_rows(root: Path) -> int:
     return sum(pq.ParquetFile(f).metadata.num_rows for f in sorted({u.file for u in scan_units(root)}))
 
 
+def split_rows(root: Path, split: str) -> int | None:
+    """Rows of `split` in the table's stored `split` column (one column read, no rows decoded
+    beyond it); None for a table without the column (written before it existed)."""
+    import pyarrow.dataset as ds
+
+    if "split" not in table_columns(root):
+        return None
+    data = ds.dataset(str(root), format="parquet", partitioning="hive", ignore_prefixes=[".", "_"])
+    return int(data.count_rows(filter=ds.field("split") == split))
+
+
 def table_columns(root: Path) -> set[str]:
     """Columns of the table: file schema plus hive partition keys (first file decides)."""
     u = scan_units(root)[0]

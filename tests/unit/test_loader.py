@@ -283,3 +283,24 @@ def test_the_cache_keeps_what_fits_and_reads_the_rest(table, reads) -> None:
     assert BatchLoader(off, root, stats, "train", cache=True).stream.cache_bytes == 0
     assert BatchLoader(cfg, root, stats, "train", num_workers=1, cache=True).stream.cache_bytes == 0  # workers end with the pass
     assert BatchLoader(cfg, root, stats, "test").stream.cache_bytes == 0  # one-pass readers keep nothing
+
+
+def test_split_rows_counts_the_stored_column_not_the_fractions(table, tmp_path) -> None:
+    """The trainer plans its steps (and the rate's decay) from this count (issue 40): with shares
+    far from the hash fractions the count follows the stored column."""
+    import pyarrow.dataset as ds
+
+    from lattice.data.loader import split_rows, table_rows
+
+    cfg, _, root, stats = table
+    assert split_rows(root, "train") == len(_ids(BatchLoader(cfg, root, stats, "train", shuffle=False)))
+    # rewrite the column: 90% test, 10% train (as a time or column split may give)
+    df = ds.dataset(str(root), format="parquet", partitioning="hive", ignore_prefixes=[".", "_"]).to_table().to_pandas()
+    df["split"] = np.where(np.arange(len(df)) % 10 == 0, "train", "test")
+    other = tmp_path / "skewed"
+    other.mkdir()
+    df.drop(columns=[c for c in ("date", "domain") if c not in df.columns]).to_parquet(other / "part-0.parquet", index=False)
+    assert split_rows(other, "train") == int((df["split"] == "train").sum())
+    assert split_rows(other, "train") < 0.2 * table_rows(other)  # the fractions would have said ~80%
+    df.drop(columns=["split"]).to_parquet(other / "part-0.parquet", index=False)
+    assert split_rows(other, "train") is None  # an old table: the trainer falls back to the fractions
