@@ -72,8 +72,21 @@ def _task(config_file: str, spec: DagSpec, t: TaskSpec, outlets: list[Asset]):
     return run_stage()
 
 
+def _timetable(cron: str):
+    """A cron schedule whose runs carry the interval that just ended as their data interval: the
+    03:00 run of Jan 6 under '0 3 * * *' (or `@daily`'s midnight run) works on [Jan 5, Jan 6).
+    Airflow 3's default for a cron string is a trigger timetable whose data interval is the instant
+    of the run, which would point a daily run at a day that has not happened yet."""
+    from airflow.sdk.definitions.timetables.interval import CronDataIntervalTimetable
+
+    return CronDataIntervalTimetable(cron, timezone="UTC")
+
+
 def build(config_file: str, config: PlatformConfig, spec: DagSpec, assets: dict[str, Asset]):
-    schedule = spec.schedule.cron or ([assets[spec.schedule.asset]] if spec.schedule.asset else None)
+    if spec.schedule.cron:
+        schedule = _timetable(spec.schedule.cron)
+    else:
+        schedule = [assets[spec.schedule.asset]] if spec.schedule.asset else None
 
     @dag(
         dag_id=spec.dag_id,
@@ -98,13 +111,41 @@ def build(config_file: str, config: PlatformConfig, spec: DagSpec, assets: dict[
     return family()
 
 
+def placeholder(exc) -> object:
+    """A DAG in the list for a config that fails to load, so the problem is where the user looks
+    (the list, not only the import-error banner): its description and docs carry every problem and
+    the fix, and its one task fails with the same text if someone triggers it."""
+    from pathlib import Path
+
+    stem = Path(exc.file).stem.replace("-", "_")
+    text = str(exc)
+    first = text.strip().splitlines()[0] if text.strip() else "invalid config"
+
+    @dag(dag_id=f"{stem}__invalid_config", description=f"INVALID CONFIG {exc.file}: {first}"[:200],
+         doc_md=f"### The platform config `{exc.file}` does not load\n\nIts DAGs are not generated until it is fixed."
+                f"\n\n```\n{text}\n```", schedule=None, start_date=START, catchup=False,
+         tags=["lattice", "invalid-config"], default_args={"owner": "lattice", "retries": 0})
+    def invalid():
+        @task(task_id="fix_the_config")
+        def fail() -> None:
+            from airflow.sdk.exceptions import AirflowFailException
+
+            raise AirflowFailException(f"{exc.file} is invalid; fix it (its DAGs come back on the next parse):\n{text}")
+
+        fail()
+
+    return invalid()
+
+
 def build_all() -> dict[str, object]:
     dags: dict[str, object] = {}
     loaded = load_configs()
     for exc in loaded.errors:
-        # reported as an import error by dags/lattice_config_errors.py, not here: Airflow marks
-        # every DAG of a file with an import error stale, and this file holds every config's DAGs
+        # the full report is also an import error (dags/lattice_config_errors.py); Airflow marks
+        # every DAG of a file with an import error stale, so this file never raises itself
         log.error("invalid platform config %s (its DAGs are not loaded)\n%s", exc.file, exc)
+        built = placeholder(exc)
+        dags[built.dag_id] = built
     for path, config in loaded.configs:
         assets = assets_for(config)
         for spec in dag_specs(config):

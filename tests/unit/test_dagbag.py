@@ -78,7 +78,10 @@ def test_dags_carry_ui_params_schedules_and_retries(monkeypatch) -> None:
     assert {"epochs", "nproc", "domains", "objectives"} <= set(teacher.params.dump())
     assert set(promote.params.dump()) == {"dry_run", "rollback"}
     # configs/demo.yaml: daily features, then each DAG triggered by the asset of the one before
-    assert features.schedule == "@daily"
+    # a daily run works on the day that just ended (its data interval), not on the instant it starts
+    from airflow.sdk.definitions.timetables.interval import CronDataIntervalTimetable
+
+    assert isinstance(features.timetable, CronDataIntervalTimetable) and features.timetable.expression == "0 0 * * *"
     assert {o.name for t in features.tasks for o in t.outlets} == {"lattice.demo.features"}
     assert _assets(teacher) == {"lattice.demo.features"}
     assert _assets(distill) == {"lattice.demo.teacher"}
@@ -120,8 +123,13 @@ def test_an_invalid_config_is_an_import_error_naming_its_file_every_problem_and_
     (tmp_path / "typo.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
     (tmp_path / "twin.yaml").write_text(demo)  # a second config named 'demo'
     bag = _bag(monkeypatch, tmp_path)
-    assert set(bag.dag_ids) == {f"demo__{f}" for f in FAMILIES}
-    assert not [d for d in bag.dag_ids if "invalid" in d]
+    # the valid config's DAGs, and in the list one placeholder per invalid file carrying its problems
+    placeholders = {"broken__invalid_config", "typo__invalid_config", "twin__invalid_config"}
+    assert set(bag.dag_ids) == {f"demo__{f}" for f in FAMILIES} | placeholders
+    typo = bag.dags["typo__invalid_config"]
+    assert "INVALID CONFIG" in typo.description and "invalid-config" in typo.tags
+    assert "unknown key 'epoch'; did you mean 'epochs'?" in typo.doc_md
+    assert [t.task_id for t in typo.tasks] == ["fix_the_config"]
     [(file, message)] = bag.import_errors.items()
     assert Path(file).name == "lattice_config_errors.py"
     assert all(Path(d.fileloc).name == "lattice_dags.py" for d in bag.dags.values())  # never the erroring file
@@ -143,6 +151,7 @@ def test_an_invalid_config_is_an_import_error_naming_its_file_every_problem_and_
     bag = _bag(monkeypatch, tmp_path)
     assert bag.import_errors == {}
     assert {f"typo__{f}" for f in FAMILIES} <= set(bag.dag_ids)
+    assert not [d for d in bag.dag_ids if d.endswith("__invalid_config")]
 
 
 def test_the_synthetic_row_count_default_is_the_configs(monkeypatch, tmp_path: Path) -> None:
