@@ -11,6 +11,22 @@ ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("LATTICE_SHARED_DATA", ROOT.parent / "shared" / "data"))
 ARTIFACTS = ROOT / "test-artifacts"
 
+# The fast tier is `pytest -m "not slow"`. A test is slow when it lives in a tier that starts real
+# services (every integration and end-to-end test starts Spark, torchrun, Airflow, uvicorn or a
+# browser) or when it asks, even through another fixture, for a fixture that starts one: a new
+# test gets the mark from where it is and what it uses, not from remembering a decorator.
+SLOW_DIRS = ("integration", "e2e")
+SLOW_FIXTURES = {"spark", "scaleout_services", "scaleout_spark", "scaleout_mlflow"}
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    tests = ROOT / "tests"
+    for item in items:
+        path = Path(str(item.path)).resolve()
+        tier = path.relative_to(tests).parts[0] if path.is_relative_to(tests) else ""
+        if tier in SLOW_DIRS or SLOW_FIXTURES & set(item.fixturenames):
+            item.add_marker(pytest.mark.slow)
+
 
 @pytest.fixture(scope="session")
 def root() -> Path:

@@ -125,14 +125,25 @@ def test_a_subset_of_domains_and_objectives_narrows_the_config() -> None:
 
 def test_unregistered_stage_fails_with_a_clear_message(tmp_path: Path, monkeypatch) -> None:
     from lattice import stages
-    from lattice.orchestration.spec import TaskSpec
+    from lattice.orchestration.task_runner import DeterministicError
 
     monkeypatch.delitem(stages.STAGES, "promote", raising=False)
     spec = next(s for s in dag_specs(load_config(ROOT / "configs" / "demo.yaml")) if s.family == "promote")
     monkeypatch.setenv("LATTICE_WORKDIR", str(tmp_path))
-    with pytest.raises(TaskError, match="'promote' is not registered in lattice/stages.py"):
+    with pytest.raises(TaskError, match="'promote' is not registered in lattice/stages.py") as err:
         run_task(ROOT / "configs" / "demo.yaml", spec.tasks[0], defaults(spec), spec.params)
-    assert isinstance(spec.tasks[0], TaskSpec)
+    # retrying cannot register a stage: the task must fail at once, not burn its retries
+    assert isinstance(err.value, DeterministicError)
+
+
+@pytest.mark.parametrize("path", config_files(ROOT / "configs"), ids=lambda p: p.stem)
+def test_every_stage_a_dag_runs_is_registered(path: Path) -> None:
+    """A stage dropped from the registry fails here, in the fast tier, before any DAG run would."""
+    from lattice import stages
+
+    named = {t.stage for spec in dag_specs(load_config(path)) for t in spec.tasks}
+    named |= {t.switch[1] for spec in dag_specs(load_config(path)) for t in spec.tasks if t.switch}
+    assert named and not named - set(stages.STAGES), sorted(named - set(stages.STAGES))
 
 
 def test_task_runs_a_registered_stage_in_the_project_paths(tmp_path: Path, monkeypatch) -> None:
