@@ -1,0 +1,125 @@
+"""Labels at a training cutoff: masked exactly while the attribution window is open, labelled
+after; the naive rule takes an unseen conversion as a negative; bad label times are refused."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pytest
+
+from lattice.config import load_config
+from lattice.config.loader import ConfigError
+from lattice.data import schema as S
+from lattice.data.label_time import apply_cutoff_arrow, mask_at_cutoff
+
+ROOT = Path(__file__).resolve().parents[2]
+MARKET = ROOT / "bench" / "configs" / "demo_market.yaml"
+T0 = dt.datetime(2026, 1, 5, 12, 0)
+
+
+@pytest.fixture(scope="module")
+def market():
+    return load_config(MARKET)
+
+
+def _log() -> pd.DataFrame:
+    """Three conversion-domain impressions at T0: one converts 2 days later, one 10 days later
+    (outside the 7-day window, so its final label is already 0 in the table), one never."""
+    ts = pd.Timestamp(T0, tz="UTC")
+    return pd.DataFrame({
+        "example_id": ["late", "never", "prompt"],
+        "event_timestamp": [ts, ts, ts],
+        "domain": ["feed"] * 3,
+        S.label_column("click"): np.array([1, 0, 1], np.int8),
+        S.mask_column("click"): np.array([1, 1, 1], np.int8),
+        S.label_column("conversion"): np.array([1, 0, 1], np.int8),
+        S.mask_column("conversion"): np.array([1, 1, 1], np.int8),
+        S.known_column("conversion"): [ts + pd.Timedelta(days=2), pd.NaT, ts + pd.Timedelta(minutes=30)],
+    })
+
+
+def _at(df, cutoff, config, mode=None):
+    out = mask_at_cutoff(df, cutoff, config, mode)
+    return out[S.label_column("conversion")].tolist(), out[S.mask_column("conversion")].tolist()
+
+
+def test_masked_exactly_while_the_window_is_open(market) -> None:
+    df = _log()
+    window = dt.timedelta(days=7)
+    just_before, at_close = T0 + window - dt.timedelta(seconds=1), T0 + window
+    # every impression is masked until its window closes (an early positive too: keeping it
+    # without its still-open neighbours would bias the rate up) ...
+    for cutoff in (T0, T0 + dt.timedelta(days=3), just_before):
+        assert _at(df, cutoff, market) == ([0, 0, 0], [0, 0, 0]), cutoff
+    # ... and labelled with its final value from the instant it closes
+    assert _at(df, at_close, market) == ([1, 0, 1], [1, 1, 1])
+    assert _at(df, at_close + dt.timedelta(days=30), market) == ([1, 0, 1], [1, 1, 1])
+    # the click has no window: untouched at any cutoff
+    out = mask_at_cutoff(df, T0, market)
+    assert out[S.mask_column("click")].tolist() == [1, 1, 1] and out[S.label_column("click")].tolist() == [1, 0, 1]
+    # pure: the input is not modified
+    assert df[S.mask_column("conversion")].tolist() == [1, 1, 1]
+
+
+def test_naive_takes_an_unseen_conversion_as_a_negative(market) -> None:
+    df = _log()
+    # 1 hour after: the prompt conversion is seen, the late one is not yet: a (fake) negative
+    assert _at(df, T0 + dt.timedelta(hours=1), market, "naive") == ([0, 0, 1], [1, 1, 1])
+    assert _at(df, T0 + dt.timedelta(days=2), market, "naive") == ([1, 0, 1], [1, 1, 1])
+    assert _at(df, T0 + dt.timedelta(minutes=10), market, "naive") == ([0, 0, 0], [1, 1, 1])
+
+
+def test_without_a_label_time_a_positive_is_known_when_its_window_closes(market) -> None:
+    df = _log().drop(columns=[S.known_column("conversion")])
+    assert _at(df, T0 + dt.timedelta(days=3), market, "naive") == ([0, 0, 0], [1, 1, 1])
+    assert _at(df, T0 + dt.timedelta(days=7), market, "naive") == ([1, 0, 1], [1, 1, 1])
+
+
+def test_no_cutoff_keeps_the_final_labels(market) -> None:
+    df = _log()
+    assert mask_at_cutoff(df, None, market) is df
+
+
+def test_arrow_twin_agrees_with_pandas(market) -> None:
+    df = _log()
+    tbl = pa.Table.from_pandas(df, preserve_index=False)
+    for cutoff in (T0 + dt.timedelta(days=1), T0 + dt.timedelta(days=8)):
+        for mode in ("mask", "naive"):
+            got = apply_cutoff_arrow(tbl, cutoff, market, mode)
+            want = mask_at_cutoff(df, cutoff, market, mode)
+            for c in (S.label_column("conversion"), S.mask_column("conversion")):
+                assert got.column(c).to_pylist() == want[c].tolist(), (cutoff, mode, c)
+            assert got.column(S.mask_column("conversion")).type == pa.int8()
+
+
+def _load_edited(tmp_path: Path, old: str, new: str):
+    text = MARKET.read_text()
+    assert old in text
+    path = tmp_path / "c.yaml"
+    path.write_text(text.replace(old, new))
+    return load_config(path)
+
+
+CONVERSION = "label_rate: [0.0002, 0.2], attribution: 7d}"
+
+
+def test_window_longer_than_the_time_range_is_a_config_error(tmp_path) -> None:
+    with pytest.raises(ConfigError) as e:
+        _load_edited(tmp_path, CONVERSION, CONVERSION.replace("7d", "30d"))
+    msg = str(e.value)
+    assert "objectives[1].attribution" in msg and "shorten the window or widen time_range" in msg
+
+
+def test_known_at_without_a_window_is_a_config_error(tmp_path) -> None:
+    with pytest.raises(ConfigError) as e:
+        _load_edited(tmp_path, CONVERSION, CONVERSION.replace(", attribution: 7d", ""))
+    assert "objectives[1].attribution" in str(e.value) and "attribution: 7d" in str(e.value)
+
+
+def test_bad_duration_names_the_forms(tmp_path) -> None:
+    with pytest.raises(ConfigError, match="30m, 12h or 7d"):
+        _load_edited(tmp_path, CONVERSION, CONVERSION.replace("7d", "1w"))
