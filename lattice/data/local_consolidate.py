@@ -156,12 +156,24 @@ def consolidate_source(config: PlatformConfig, source: Source, raw: pd.DataFrame
     return out[S.consolidated_columns(config)]
 
 
+def _files(source: Source, pattern: str) -> list[str]:
+    """A glob's files; a folder gives its files of the source's format, at any depth (date= folders)."""
+    exts = (".json", ".jsonl") if source.format == "jsonl" else (f".{source.format}",)
+    out: set[str] = set()
+    for p in map(Path, glob.glob(pattern)):
+        if p.is_dir():
+            out |= {str(f) for f in p.rglob("*") if f.is_file() and f.name.endswith(exts) and not f.name.startswith(("_", "."))}
+        elif p.is_file():
+            out.add(str(p))
+    return sorted(out)
+
+
 def consolidate(config: PlatformConfig, paths: Paths) -> pd.DataFrame:
     """All sources -> one frame ordered by event time (ties by example_id)."""
     frames = []
     for source in config.sources:
         # a date-partitioned path ({date} token) is read whole here: every day's files
-        files = sorted(glob.glob(DATE_TOKEN.sub("*", str(paths.source_path(source.path)))))
+        files = _files(source, DATE_TOKEN.sub("*", str(paths.source_path(source.path))))
         if not files:
             raise FileNotFoundError(f"source {source.name!r}: no file matches {paths.source_path(source.path)}")
         for f in files:
