@@ -123,3 +123,41 @@ def test_known_at_without_a_window_is_a_config_error(tmp_path) -> None:
 def test_bad_duration_names_the_forms(tmp_path) -> None:
     with pytest.raises(ConfigError, match="30m, 12h or 7d"):
         _load_edited(tmp_path, CONVERSION, CONVERSION.replace("7d", "1w"))
+
+
+def _feed_csv(tmp_path: Path, rows: list[str]) -> Path:
+    folder = tmp_path / "raw" / "feed" / "date=2026-01-02"
+    folder.mkdir(parents=True)
+    header = "uid,aid,ts,device_type,slot,user_seg,ad_cat,price,user_activity,clicked,converted,p_click,p_conversion,conversion_ts"
+    (folder / "part-0.csv").write_text("\n".join([header, *rows]) + "\n")
+    return tmp_path / "raw"
+
+
+def _feed_only(market):
+    return market.model_copy(update={"sources": [s for s in market.sources if s.name == "feed_log"],
+                                     "domains": [d for d in market.domains if d.name == "feed"],
+                                     "objectives": [o.model_copy(update={"domains": ["feed"]}) for o in market.objectives]})
+
+
+def test_local_consolidate_keeps_the_positive_time_inside_the_window(market, tmp_path: Path) -> None:
+    from lattice.data.local_consolidate import consolidate
+    from lattice.paths import Paths
+
+    t = 1767312000  # 2026-01-02 00:00 UTC
+    raw = _feed_csv(tmp_path, [f"1,1,{t},0,0,1,1,2.0,1.0,1,1,0.1,0.01,{t + 2 * 86400}",
+                               f"2,1,{t + 60},0,0,1,1,2.0,1.0,1,1,0.1,0.01,{t + 9 * 86400}",  # outside the 7d window
+                               f"3,1,{t + 120},0,0,1,1,2.0,1.0,0,0,0.1,0.01,"])
+    df = consolidate(_feed_only(market), Paths(tmp_path / "wd", raw)).sort_values("event_timestamp")
+    assert df[S.label_column("conversion")].tolist() == [1, 0, 0]
+    known = df[S.known_column("conversion")]
+    assert known.iloc[0] == pd.Timestamp(t + 2 * 86400, unit="s", tz="UTC") and known.iloc[1:].isna().all()
+
+
+def test_local_consolidate_refuses_a_label_time_before_its_impression(market, tmp_path: Path) -> None:
+    from lattice.data.local_consolidate import consolidate
+    from lattice.paths import Paths
+
+    t = 1767312000
+    raw = _feed_csv(tmp_path, [f"1,1,{t},0,0,1,1,2.0,1.0,1,1,0.1,0.01,{t - 60}"])
+    with pytest.raises(ValueError, match="before their impression"):
+        consolidate(_feed_only(market), Paths(tmp_path / "wd", raw))
