@@ -56,7 +56,8 @@ def matching_files(pattern: str, fmt: str) -> list[str]:
 
 
 def source_files(paths: Paths, source: Source) -> list[str]:
-    full = str(paths.source_path(source.path))
+    """Every file of a source (all days of a `{date}` path: `select_files` picks a window's)."""
+    full = DATE_TOKEN.sub("*", str(paths.source_path(source.path)))
     files = matching_files(full, source.format)
     if not files:
         raise SourceError(f"source {source.name!r}: no file matches {full} (check 'path' and data_root, "

@@ -161,3 +161,30 @@ def test_local_consolidate_refuses_a_label_time_before_its_impression(market, tm
     raw = _feed_csv(tmp_path, [f"1,1,{t},0,0,1,1,2.0,1.0,1,1,0.1,0.01,{t - 60}"])
     with pytest.raises(ValueError, match="before their impression"):
         consolidate(_feed_only(market), Paths(tmp_path / "wd", raw))
+
+
+def test_the_loader_applies_the_cutoff(market, tmp_path: Path) -> None:
+    """The training reader sees the same labels and masks as `mask_at_cutoff` on the same rows."""
+    from lattice.data.loader import BatchLoader, fit_dense_stats
+    from lattice.data.local_consolidate import consolidate, write_parquet
+    from lattice.data.synth import generate
+    from lattice.paths import Paths
+
+    syn = market.synthetic.model_copy(update={"users": 500, "ads": 100, "chunk_rows": 1000, "days": 10})
+    cfg = market.model_copy(update={"synthetic": syn})
+    generate(cfg, 2_000, tmp_path / "raw", progress=False)
+    df = consolidate(cfg, Paths(tmp_path / "wd", tmp_path / "raw"))
+    root = tmp_path / "table"
+    write_parquet(df, root / "part-0.parquet")
+    stats = fit_dense_stats(cfg, root)
+    cutoff = dt.datetime(2026, 1, 9)
+    want = mask_at_cutoff(df, cutoff, cfg)
+    for c, expected in ((None, df), (cutoff, want)):
+        got_mask = got_label = 0.0
+        for b in BatchLoader(cfg, root, stats, "all", batch_size=4096, shuffle=False, num_workers=0, label_cutoff=c):
+            got_mask += float(b.masks["conversion"].sum())
+            got_label += float((b.labels["conversion"] * b.masks["conversion"]).sum())
+        assert got_mask == expected[S.mask_column("conversion")].sum()
+        assert got_label == (expected[S.label_column("conversion")] * expected[S.mask_column("conversion")]).sum()
+    # the cutoff left out the impressions of the last 7 days before it, and only those
+    assert want[S.mask_column("conversion")].sum() < 0.6 * df[S.mask_column("conversion")].sum()
