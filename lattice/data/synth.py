@@ -212,6 +212,15 @@ def _write_video(df: pd.DataFrame, path: Path) -> None:
 WRITERS = {"feed": (_write_feed, "csv"), "search": (_write_search, "parquet"), "video": (_write_video, "jsonl")}
 
 
+def clear_parts(folder: Path) -> None:
+    """A rerun replaces the whole output: part files of an earlier run, in date= folders or not."""
+    for stale in [*folder.glob("part-*"), *folder.glob("date=*/part-*")]:
+        stale.unlink()
+    for day in folder.glob("date=*"):
+        if day.is_dir() and not any(day.iterdir()):
+            day.rmdir()
+
+
 def generate(config: PlatformConfig, rows: int, out: str | Path, progress: bool = True) -> dict:
     """Write `rows` impressions as per-domain raw logs under `out`; return a manifest."""
     params = config.synthetic or Synthetic()
@@ -231,8 +240,7 @@ def generate(config: PlatformConfig, rows: int, out: str | Path, progress: bool 
     for name in DOMAINS:
         folder = out / name
         folder.mkdir(parents=True, exist_ok=True)
-        for stale in folder.glob("part-*"):  # a rerun replaces the whole output
-            stale.unlink()
+        clear_parts(folder)
 
     bar = progress_bar(total=rows, unit="rows", desc="synth", enabled=progress)
     for i in range(n_chunks):

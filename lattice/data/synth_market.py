@@ -25,7 +25,7 @@ import pandas as pd
 
 from lattice.config import PlatformConfig
 from lattice.config.timing import Market
-from lattice.data.synth import DOMAINS, WRITERS, World, _chunk, id_space
+from lattice.data.synth import DOMAINS, WRITERS, World, _chunk, clear_parts, id_space
 from lattice.progress import progress_bar
 
 
@@ -108,11 +108,7 @@ def generate_market(config: PlatformConfig, rows: int, out: str | Path, progress
     for name in DOMAINS:
         folder = out / name
         folder.mkdir(parents=True, exist_ok=True)
-        for stale in folder.rglob("part-*"):  # a rerun replaces the whole output
-            stale.unlink()
-        for empty in sorted(folder.glob("date=*"), reverse=True):
-            if empty.is_dir() and not any(empty.iterdir()):
-                empty.rmdir()
+        clear_parts(folder)
 
     counts = {d: 0 for d in DOMAINS}
     sums = {d: {"click": 0, "conversion": 0, "p_click": 0.0, "p_conversion": 0.0, "conversions_after_log_end": 0,

@@ -117,3 +117,22 @@ def test_market_is_deterministic(demo, tmp_path: Path) -> None:
     digest = [{str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(root.rglob("part-*"))}
               for root in (tmp_path / "a", tmp_path / "b")]
     assert digest[0] == digest[1] and len(digest[0]) >= 3 * 10
+
+
+def test_synth_stage_regenerates_when_the_market_changes(demo, tmp_path: Path) -> None:
+    from lattice.data.synth_stage import synth
+    from lattice.paths import Paths
+
+    paths = Paths(tmp_path / "wd", tmp_path / "raw")
+    static = synth(demo, paths, rows=3_000, progress=False)
+    assert "skipped" not in static and synth(demo, paths, rows=3_000, progress=False)["skipped"]
+    moving = _market(demo)
+    first = synth(moving, paths, rows=3_000, progress=False)
+    assert "skipped" not in first and first["market"]["days"] == 10
+    assert synth(moving, paths, rows=3_000, progress=False)["skipped"]
+    other = moving.model_copy(update={"synthetic": moving.synthetic.model_copy(
+        update={"market": moving.synthetic.market.model_copy(update={"new_users_per_day": 5})})})
+    assert "skipped" not in synth(other, paths, rows=3_000, progress=False)
+    # and the static log (no part files left in date= folders of the market run)
+    back = synth(demo, paths, rows=3_000, progress=False)
+    assert "skipped" not in back and not list((tmp_path / "raw" / "feed").glob("date=*/part-*"))
