@@ -11,6 +11,11 @@ before T, with the labels as known at T under each rule:
   mask_keep_seen     as mask, but a conversion already logged inside an open window is kept as a
                      positive (its not-yet-converted neighbours stay out): shown to say why `mask`
                      drops them too
+  zipper             the data of Zipper heads (lattice.data.zipper; windows 1d / 3d / 7d with
+                     shares 0.3 / 0.3 / 0.4): each impression hashed to one window and labelled
+                     with what was logged within it once that window closed. The model is the
+                     linear analogue of K heads on a shared body: shared feature weights plus one
+                     intercept per head; it predicts with the 7-day head
   matured            the final labels (not available at T: the ceiling)
 
 Each model is judged on the first day after T, with the labels matured (the log runs 8 days past
@@ -42,11 +47,14 @@ from lattice.config.timing import Market  # noqa: E402
 from lattice.data import schema as S  # noqa: E402
 from lattice.data.label_time import _cutoff_us, _to_us, mask_at_cutoff  # noqa: E402
 from lattice.data.local_consolidate import consolidate  # noqa: E402
+from lattice.data.zipper import head_labels  # noqa: E402
 from lattice.paths import Paths  # noqa: E402
 
 DAYS, CUTOFF_DAY = 21, 13
 CATEGORICAL = ["domain", "user_segment", "ad_category", "device", "position", "query_category", "query_match"]
-RULES = ("naive", "mask", "mask_keep_seen", "matured")
+RULES = ("naive", "mask", "mask_keep_seen", "zipper", "matured")
+ZIPPER_WINDOWS = [dt.timedelta(days=1), dt.timedelta(days=3), dt.timedelta(days=7)]
+ZIPPER_SHARES = [0.3, 0.3, 0.4]
 
 
 def market_config(seed: int, rows_per_day: int):
@@ -132,11 +140,22 @@ def run_seed(seed: int, rows_per_day: int) -> list[dict]:
     truth = test[S.truth_column("conversion")].to_numpy()
     out = []
     for rule in RULES:
-        y, m = labels_under(rule, train, cutoff, config)
-        keep = m == 1
         t = time.perf_counter()
-        model = LogisticRegression(C=1.0, max_iter=500).fit(x_train[keep], y[keep])
-        p = model.predict_proba(x_test)[:, 1]
+        if rule == "zipper":
+            heads = head_labels(train, "conversion", cutoff, ZIPPER_WINDOWS, ZIPPER_SHARES)
+            y = sum(lab.astype(np.int64) for lab, _ in heads.values())  # each row is in one head at most
+            head = sum(j * msk.astype(np.int64) for j, (_, msk) in heads.items())
+            keep = sum(msk.astype(np.int64) for _, msk in heads.values()) == 1
+            onehot = sparse.csr_matrix(np.eye(len(ZIPPER_WINDOWS))[head])
+            model = LogisticRegression(C=1.0, max_iter=500, fit_intercept=False).fit(
+                sparse.hstack([x_train, onehot]).tocsr()[keep], y[keep])
+            last = sparse.csr_matrix(np.tile(np.eye(len(ZIPPER_WINDOWS))[-1], (x_test.shape[0], 1)))
+            p = model.predict_proba(sparse.hstack([x_test, last]).tocsr())[:, 1]
+        else:
+            y, m = labels_under(rule, train, cutoff, config)
+            keep = m == 1
+            model = LogisticRegression(C=1.0, max_iter=500).fit(x_train[keep], y[keep])
+            p = model.predict_proba(x_test)[:, 1]
         row = {"seed": seed, "rule": rule, "train_rows": int(keep.sum()), "train_rate": float(y[keep].mean()),
                "fit_s": round(time.perf_counter() - t, 1)}
         for name, sel in (("all", np.ones(len(test), bool)), ("feed", (test.domain == "feed").to_numpy()),

@@ -188,3 +188,40 @@ def test_the_loader_applies_the_cutoff(market, tmp_path: Path) -> None:
         assert got_label == (expected[S.label_column("conversion")] * expected[S.mask_column("conversion")]).sum()
     # the cutoff left out the impressions of the last 7 days before it, and only those
     assert want[S.mask_column("conversion")].sum() < 0.6 * df[S.mask_column("conversion")].sum()
+
+
+def test_zipper_window_is_deterministic_and_follows_its_shares() -> None:
+    from lattice.data.split import hash_split
+    from lattice.data.zipper import window_index
+
+    ids = [f"ex{i}" for i in range(40_000)]
+    k = window_index(ids, [0.5, 0.3, 0.2])
+    assert (k == window_index(ids, [0.5, 0.3, 0.2])).all()
+    share = np.bincount(k, minlength=3) / len(ids)
+    assert np.abs(share - [0.5, 0.3, 0.2]).max() < 0.012  # binomial sd at n=40k is 0.0025; 4.8 sd
+    # independent of the split's own hash of the same ids: every window holds ~its test share
+    cfg = load_config(MARKET)
+    test = hash_split(cfg, ids) == "test"
+    for j in range(3):
+        assert abs(test[k == j].mean() - test.mean()) < 0.02
+    with pytest.raises(ValueError, match="sum to 1"):
+        window_index(ids[:3], [0.5, 0.4])
+
+
+def test_zipper_head_labels_wait_for_their_window() -> None:
+    from lattice.data.zipper import head_labels, window_index
+
+    ts = pd.Timestamp(T0, tz="UTC")
+    ids = [f"row{i}" for i in range(400)]
+    k = window_index(ids, [0.5, 0.5])
+    df = pd.DataFrame({"example_id": ids, "event_timestamp": ts,
+                       S.label_column("conversion"): np.ones(400, np.int8),
+                       S.mask_column("conversion"): np.ones(400, np.int8),
+                       S.known_column("conversion"): ts + pd.Timedelta(days=2)})  # every row converts after 2 days
+    windows = [dt.timedelta(days=1), dt.timedelta(days=7)]
+    at3 = head_labels(df, "conversion", T0 + dt.timedelta(days=3), windows, [0.5, 0.5])
+    # window 1 (1 day) has closed: its rows are labelled, negative (the conversion came after a day)
+    assert (at3[0][1] == (k == 0)).all() and at3[0][0].sum() == 0
+    assert at3[1][1].sum() == 0  # the 7-day window is still open
+    at8 = head_labels(df, "conversion", T0 + dt.timedelta(days=8), windows, [0.5, 0.5])
+    assert (at8[1][1] == (k == 1)).all() and (at8[1][0] == (k == 1)).all()  # positive within 7 days
