@@ -104,13 +104,26 @@ def ingest_and_consolidate(config: PlatformConfig, paths: Paths, start: str | No
     # ---- read every source (errors that stop the run come first: missing files, lost columns)
     t = time.perf_counter()
     raws, source_info = [], {}
+    lo_day, hi_day = (window[0].date(), window[1].date()) if window else (config.time_range.start, config.time_range.end)
     for src in config.sources:
-        files = sources.source_files(paths, src)
-        cols = sources.source_columns(src, files, config.training.split.column if config.training.split.kind == "column" else None)
+        # a date-partitioned source lists only the run's days; the others are read whole and
+        # filtered by event time in `ingest.tag`
+        chosen = sources.select_files(paths, src, lo_day, hi_day)
+        info = {"files": len(chosen.files), "format": src.format, "date_partitioned": chosen.partitioned, "rows_in": 0}
+        if chosen.partitioned:
+            info.update(files_by_day=chosen.by_day, empty_days=chosen.empty_days)
+        source_info[src.name] = info
+        if not chosen.files:
+            info.update(columns=[], new_columns=[])
+            continue
+        cols = sources.source_columns(src, chosen.files, config.training.split.column if config.training.split.kind == "column" else None)
         added = sources.check_schema_drift(paths, src, cols, record=False)
-        raws.append(ingest.read_raw(spark, src, files, cols))
-        source_info[src.name] = {"files": len(files), "format": src.format, "columns": cols, "new_columns": added}
+        raws.append(ingest.read_raw(spark, src, chosen.files, cols))
+        info.update(columns=cols, new_columns=added)
     timings["resolve_sources"] = time.perf_counter() - t
+    empty_days = sorted({d for info in source_info.values() for d in info.get("empty_days", [])})
+    if not raws:
+        return _empty_run(config, paths, run_id, window, run_domains, source_info, empty_days, timings, t0)
 
     # ---- raw suites (row-level: informative, the same rows are quarantined below)
     t = time.perf_counter()
@@ -288,8 +301,32 @@ def ingest_and_consolidate(config: PlatformConfig, paths: Paths, start: str | No
 
     timings["total"] = time.perf_counter() - t0
     summary.update({"status": "ok", "reconciliation": recon, "totals": total, "partitions": sorted(out_dates),
-                    "removed_partitions": removed,
+                    "removed_partitions": removed, "raw_rows_read": total["rows_in"], "empty_days": empty_days,
                     "timings": {k: round(v, 3) for k, v in timings.items()}})
+    _write_json(paths.validation / f"run-{run_id}.json", summary)
+    return summary
+
+
+def _empty_run(config: PlatformConfig, paths: Paths, run_id: str, window, run_domains: list[str], source_info: dict,
+               empty_days: list[str], timings: dict[str, float], t0: float) -> dict:
+    """No source has a file for the run's days: an empty run, recorded as such (not a failure, so
+    later days still run). Partitions of the window are removed: their files are gone."""
+    removed = remove_stale_partitions(paths.consolidated, window, run_domains, set())
+    timings["total"] = time.perf_counter() - t0
+    summary = {
+        "stage": "consolidate", "run_id": run_id, "config": config.name, "status": "ok", "empty": True,
+        "window": {"start": str(window[0].date()) if window else str(config.time_range.start),
+                   "end": str(window[1].date()) if window else str(config.time_range.end)},
+        "domains": run_domains, "sources": source_info, "empty_days": empty_days, "raw_rows_read": 0,
+        "quarantine_reasons": {}, "losses": [], "raw_suite_findings": [], "quarantine_by_source": {}, "validation": {},
+        "cells": [], "reconciliation": [], "partitions": [], "removed_partitions": removed,
+        "totals": {"rows_in": 0, "rows_out": 0, "quarantined": 0, "skipped": 0, "balanced": True},
+        "split": {"kind": config.training.split.kind, "rule": describe_split(config), "rows": {}},
+        "paths": {"consolidated": str(paths.consolidated), "quarantine": str(paths.quarantine),
+                  "validation": str(paths.validation), "data_docs": None},
+        "timings": {k: round(v, 3) for k, v in timings.items()},
+    }
+    log.warning("consolidate: no raw file for %s; recorded as empty day(s)", ", ".join(empty_days) or "the window")
     _write_json(paths.validation / f"run-{run_id}.json", summary)
     return summary
 

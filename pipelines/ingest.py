@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from lattice.config import PlatformConfig
 from lattice.config.schema import Source
+from lattice.config.timing import attribution_window, known_at_objectives
 from lattice.data import schema as S
 
 CORRUPT = "_corrupt_record"
@@ -30,8 +31,10 @@ VALUE_OUT_OF_RANGE = "value_out_of_range"
 BAD_ID = "bad_id"
 BAD_SPLIT = "bad_split"
 DUPLICATE = "duplicate_key"
+LABEL_TIME_MISSING = "label_time_missing"
+LABEL_BEFORE_EVENT = "label_before_event"
 REASONS = [MALFORMED, BAD_TIMESTAMP, OUT_OF_RANGE, UNKNOWN_DOMAIN, NULL_KEY, NULL_LABEL, BAD_LABEL, BAD_VALUE,
-           VALUE_OUT_OF_RANGE, BAD_ID, BAD_SPLIT, DUPLICATE]
+           VALUE_OUT_OF_RANGE, BAD_ID, BAD_SPLIT, DUPLICATE, LABEL_TIME_MISSING, LABEL_BEFORE_EVENT]
 # text that means "no value" in exported logs: an id, not a null, if hashed
 NULL_LIKE = S.NULL_LIKE
 
@@ -60,12 +63,14 @@ def stable_id_sql(v: str) -> str:
     )
 
 
-def event_time_sql(source: Source) -> str:
+def event_time_sql(source: Source, column: str | None = None) -> str:
+    """The event time as a Spark timestamp; `column` reads another raw column in the same format
+    (a label's `known_at`)."""
     et = source.event_time
     if et.format == "constant":
         value = et.value if et.value.tzinfo is None else et.value.astimezone(dt.timezone.utc).replace(tzinfo=None)
         return f"TIMESTAMP '{value:%Y-%m-%d %H:%M:%S.%f}'"
-    v = q(et.column)
+    v = q(column or et.column)
     if et.format in ("unix_seconds", "unix_millis"):
         scale = 1_000_000 if et.format == "unix_seconds" else 1_000
         d = f"try_cast({v} AS DOUBLE)"
@@ -157,6 +162,16 @@ def label_sql(spec) -> str:
     return f"CAST(CAST(({spec.expr}) AS INT) AS DOUBLE)"
 
 
+def _within_window(config: PlatformConfig, objective: str, known):
+    """True where a positive's time falls inside the objective's attribution window (or no window)."""
+    from pyspark.sql import functions as F
+
+    window = attribution_window(config, objective)
+    if window is None:
+        return F.lit(True)
+    return F.coalesce(known <= F.col("__event_timestamp") + F.expr(f"INTERVAL {int(window.total_seconds())} SECONDS"), F.lit(True))
+
+
 @dataclass
 class RawSource:
     """A source read as strings: `frame` has the raw columns, `_raw` (the line / record as text),
@@ -205,6 +220,8 @@ def tag(config: PlatformConfig, raw: RawSource, window: tuple[dt.datetime, dt.da
 
     source = raw.source
     canonical = canonical_sql(source)
+    known_at_objs = known_at_objectives(config)
+    objectives = {o.name: o for o in config.objectives}
     lo = dt.datetime.combine(config.time_range.start, dt.time())
     hi = dt.datetime.combine(config.time_range.end, dt.time())
 
@@ -275,10 +292,28 @@ def tag(config: PlatformConfig, raw: RawSource, window: tuple[dt.datetime, dt.da
                 is_null, shown = lab.isNull(), lab.cast("string")
             checks.append((carried & is_null, NULL_LABEL, F.lit(f"{obj.name}: {spec.column or spec.expr} is null")))
             checks.append((carried & F.coalesce(~lab.isin(0.0, 1.0), F.lit(True)), BAD_LABEL, _cat(f"{obj.name}=", shown)))
+            if spec.known_at:
+                # a positive logged after its attribution window is not this objective's positive
+                lab = F.when((lab == 1) & ~_within_window(config, obj.name, ex(event_time_sql(source, spec.known_at))), 0.0).otherwise(lab)
             out_cols += [F.when(carried, lab).otherwise(0).cast("tinyint").alias(S.label_column(obj.name)),
                          F.when(carried, 1).otherwise(0).cast("tinyint").alias(S.mask_column(obj.name))]
         truth = source.truth.get(obj.name)
         out_cols.append((ex(f"try_cast({q(truth)} AS DOUBLE)") if truth else F.lit(None).cast("double")).alias(S.truth_column(obj.name)))
+
+    for obj in known_at_objs:
+        # when the positive was logged: null on negatives and where the source gives no time
+        spec = source.labels.get(obj)
+        if spec is None or not spec.known_at:
+            out_cols.append(F.lit(None).cast("timestamp").alias(S.known_column(obj)))
+            continue
+        known = ex(event_time_sql(source, spec.known_at))
+        positive = F.col("__domain").isin(objectives[obj].domains) & (ex(label_sql(spec)) == 1)
+        checks.append((positive & known.isNull(), LABEL_TIME_MISSING,
+                       _cat(f"{obj}=1 but {spec.known_at}=", F.col(q(spec.known_at)))))
+        checks.append((positive & (known < F.col("__event_timestamp")), LABEL_BEFORE_EVENT,
+                       F.concat(F.lit(f"{obj}: {spec.known_at}="), known.cast("string"), F.lit(" before event_timestamp="),
+                                F.col("__event_timestamp").cast("string"))))
+        out_cols.append(F.when(positive & _within_window(config, obj, known), known).cast("timestamp").alias(S.known_column(obj)))
 
     for obj in config.objectives:
         # a conversion declared to follow a click cannot happen without one

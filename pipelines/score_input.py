@@ -70,7 +70,7 @@ def parse_input(config: PlatformConfig, path: str, source_name: str | None = Non
     spark = get_spark(master, config=config)
     cfg = scoring_config(config, scoring)
     tagged = ingest.tag(cfg, ingest.read_raw(spark, scoring, files, cols)).cache()
-    keep = [c for c in S.consolidated_columns(cfg) if not c.startswith(("label_", "mask_", "truth_")) and c != "split"]
+    keep = [c for c in S.consolidated_columns(cfg) if not c.startswith(("label_", "mask_", "truth_", "known_")) and c != "split"]
     good = tagged.where(F.col("_reason").isNull()).select(*keep).toPandas()
     bad = tagged.where(F.col("_reason").isNotNull()).select(
         F.col("_reason").alias("reason"), F.col("_detail").alias("detail"), F.col("_raw").alias("raw"),

@@ -5,15 +5,22 @@ the source lost a column since the last run. Every error names the source, the p
 from __future__ import annotations
 
 import csv
+import datetime as dt
 import glob
 import json
 import re
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from lattice.config.schema import Source
 from lattice.paths import Paths
 
 _BRACE = re.compile(r"\{([^{}]*)\}")
+# `{date}` (yyyy-MM-dd) or `{date:%Y%m%d}` (any strftime format) in a source's path: one folder or
+# file name per day, so a run over [start, end) lists only those days' files
+DATE_TOKEN = re.compile(r"\{date(?::([^{}]+))?\}")
+# a hive-style `date=yyyy-MM-dd` folder anywhere in a file's path
+_HIVE_DATE = re.compile(r"(?:^|/)date=(\d{4}-\d{2}-\d{2})(?=/)")
 
 
 class SourceError(ValueError):
@@ -21,7 +28,11 @@ class SourceError(ValueError):
 
 
 def expand_braces(pattern: str) -> list[str]:
-    """`{dev,test}.csv` -> [`dev.csv`, `test.csv`] (Python's glob has no brace sets; Spark's does)."""
+    """`{dev,test}.csv` -> [`dev.csv`, `test.csv`] (Python's glob has no brace sets; Spark's does).
+    A `{date}` token is not a brace set: `date_pattern` fills it in first."""
+    if DATE_TOKEN.search(pattern):
+        raise SourceError(f"path {pattern!r} still holds a {{date}} token here; its files are chosen per day "
+                          "(pipelines.sources.select_files)")
     m = _BRACE.search(pattern)
     if not m:
         return [pattern]
@@ -45,7 +56,8 @@ def matching_files(pattern: str, fmt: str) -> list[str]:
 
 
 def source_files(paths: Paths, source: Source) -> list[str]:
-    full = str(paths.source_path(source.path))
+    """Every file of a source (all days of a `{date}` path: `select_files` picks a window's)."""
+    full = DATE_TOKEN.sub("*", str(paths.source_path(source.path)))
     files = matching_files(full, source.format)
     if not files:
         raise SourceError(f"source {source.name!r}: no file matches {full} (check 'path' and data_root, "
@@ -59,6 +71,7 @@ def required_columns(source: Source, split_column: str | None = None) -> list[st
     if source.event_time.column:
         cols.append(source.event_time.column)
     cols += [spec.column for spec in source.labels.values() if spec.column]
+    cols += [spec.known_at for spec in source.labels.values() if spec.known_at]
     cols += list(source.truth.values())
     if not isinstance(source.domain, str) and source.domain.column:
         cols.append(source.domain.column)
@@ -135,3 +148,67 @@ def check_schema_drift(paths: Paths, source: Source, columns: list[str], record:
         store.parent.mkdir(parents=True, exist_ok=True)
         store.write_text(json.dumps(known, indent=2, sort_keys=True))
     return added
+
+
+@dataclass
+class FileSelection:
+    """The files a run reads from one source. `by_day` (date-partitioned sources only): files per
+    day of the run's window, so a day without files is visible as an empty day."""
+
+    files: list[str]
+    partitioned: bool
+    by_day: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def empty_days(self) -> list[str]:
+        return [d for d, n in self.by_day.items() if n == 0]
+
+
+def days_in(start: dt.date, end: dt.date) -> list[dt.date]:
+    """Every day of [start, end)."""
+    return [start + dt.timedelta(days=i) for i in range((end - start).days)]
+
+
+def date_pattern(pattern: str, day: dt.date) -> str:
+    """Fill a path's `{date}` / `{date:FORMAT}` tokens with one day."""
+    return DATE_TOKEN.sub(lambda m: day.strftime(m.group(1) or "%Y-%m-%d"), pattern)
+
+
+def hive_date(path: str) -> dt.date | None:
+    """The day of a file under a `date=yyyy-MM-dd/` folder (the innermost one), else None."""
+    found = _HIVE_DATE.findall(path.replace("\\", "/"))
+    return dt.date.fromisoformat(found[-1]) if found else None
+
+
+def select_files(paths: Paths, source: Source, start: dt.date, end: dt.date) -> FileSelection:
+    """The files of `source` that can hold events of [start, end).
+
+    A path with a `{date}` token is listed day by day; files under hive `date=` folders are kept
+    when their day is in the window (files outside any such folder are always kept: they may hold
+    any day). Either way a day with no file is recorded, not an error, as long as the source has
+    files on some day (otherwise the path is wrong and the run stops, as for any other source).
+    Any other source is read whole and filtered by event time downstream."""
+    full = str(paths.source_path(source.path))
+    if DATE_TOKEN.search(full):
+        by_day, files = {}, []
+        for day in days_in(start, end):
+            found = matching_files(date_pattern(full, day), source.format)
+            by_day[str(day)] = len(found)
+            files += found
+        if not files and not matching_files(DATE_TOKEN.sub("*", full), source.format):
+            raise SourceError(f"source {source.name!r}: no file matches {full} on any day (check 'path' and data_root, "
+                              f"or set LATTICE_SHARED_DATA / LATTICE_DEMO_DATA)")
+        return FileSelection(sorted(set(files)), True, by_day)
+    every = source_files(paths, source)
+    dated = {f: hive_date(f) for f in every}
+    if not any(d is not None for d in dated.values()):
+        return FileSelection(every, False)
+    by_day = {str(day): 0 for day in days_in(start, end)}
+    files = []
+    for f, d in dated.items():
+        if d is None:
+            files.append(f)
+        elif start <= d < end:
+            files.append(f)
+            by_day[str(d)] += 1
+    return FileSelection(files, True, by_day)

@@ -73,6 +73,8 @@ def run_features(config: PlatformConfig, paths: Paths, start: str | None = None,
             "aggregates": {k: v["rows"] for k, v in summary["stages"]["aggregates"]["aggregates"].items()},
             "training_set": summary["stages"]["training_set"]["rows"],
         },
+        # what the run read: date-partitioned sources list only the window's days
+        raw_rows_read=cons.get("raw_rows_read"), empty_days=cons.get("empty_days", []),
         reconciliation=cons["reconciliation"],
         quarantine_reasons=cons["quarantine_reasons"],
         losses=cons.get("losses", []), raw_suite_findings=cons.get("raw_suite_findings", []),

@@ -95,6 +95,12 @@ class LabelSpec(Strict):
     expr: str | None = None
     """Spark SQL boolean or 0/1 expression over raw columns, e.g. `dwell_ms > 30000` (true counts as
     1)."""
+    known_at: str | None = None
+    """Raw column with the time the positive event happened (a conversion's own timestamp), read
+    in the source's `event_time` format; empty on negatives. With the objective's `attribution`
+    window, a training cutoff counts a positive only once it is known (`training.label_delay`). A
+    positive without it, or with it before its impression, is quarantined (`label_time_missing`,
+    `label_before_event`)."""
 
     @model_validator(mode="after")
     def _one_of(self) -> "LabelSpec":
@@ -193,6 +199,19 @@ class Objective(Strict):
     """Another objective this one can only follow (a conversion follows a click). Multi-objective
     models then predict P(this | given) and output P(given) · P(this | given), trained on every
     impression (ESMM, Ma et al. 2018), instead of an unrelated head for a rare label."""
+    attribution: str | None = None
+    """Attribution window (`7d`, `12h`): a positive counts only if it happens within this time of
+    its impression, and at a training cutoff an impression whose window is still open is not yet a
+    negative (`training.label_delay`). Unset: the label is known at the impression's time."""
+
+    @field_validator("attribution")
+    @classmethod
+    def _attribution(cls, v: str | None) -> str | None:
+        if v is not None:
+            from lattice.config.timing import parse_duration
+
+            parse_duration(v)
+        return v
 
     @field_validator("label_rate")
     @classmethod
@@ -515,6 +534,11 @@ class SplitSpec(Strict):
 class Training(Strict):
     split: SplitSpec = Field(default_factory=SplitSpec)
     """How examples are split into train / validation / test (see `SplitSpec`)."""
+    label_delay: Literal["mask", "naive"] = "mask"
+    """How a training cutoff treats labels not yet known (objectives with `attribution`): `mask`
+    leaves an impression out of that objective's loss while its attribution window is open at the
+    cutoff; `naive` takes every conversion not yet seen as a negative (biased low; kept only to
+    measure against, bench/bench_delayed_labels.py)."""
     batch_size: int = Field(default=1024, ge=1)
     """Examples per optimizer step over all ranks (each of N ranks loads batch_size / N)."""
     epochs: int = Field(default=2, ge=1)
@@ -843,6 +867,9 @@ class TimeRange(Strict):
         return self
 
 
+from lattice.config.timing import Market  # noqa: E402 (timing builds on Strict, defined above)
+
+
 class Synthetic(Strict):
     """Parameters of the built-in generator (demo config only)."""
 
@@ -864,6 +891,9 @@ class Synthetic(Strict):
     """Impressions to generate when a run does not say: the `synth` task of scheduled and
     asset-triggered features DAG runs, and the default of the form's "Synthetic rows"; the logs
     are regenerated only when they hold a different count. `lattice demo --rows` overrides it."""
+    market: Market | None = None
+    """A market that moves over the days: new ids, click-rate drift, a shock, late conversions in
+    a `conversion_ts` column (see `Market`). Absent: static logs, as before."""
 
 
 # ---------------------------------------------------------------- hyperparameter search
@@ -1085,6 +1115,9 @@ class PlatformConfig(Strict):
                 if srcs and not any(o.name in s.labels for s in srcs):
                     out.append((f"objectives[{i}].domains", d, f"no source of domain {d!r} has a label for {o.name!r}; "
                                 "add it to that source's 'labels' or drop the domain from this objective"))
+        from lattice.config.timing import label_time_problems
+
+        out += label_time_problems(self)
         sp = self.training.split
         reserved = {"example_id", "event_timestamp", "date", "domain", "split"} | provided
         for i, s in enumerate(self.sources):

@@ -11,6 +11,7 @@ function of (seed, epoch, rank, world_size, num_workers).
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from lattice.config import PlatformConfig
+from lattice.data import label_time
 from lattice.data import schema as S
 from lattice.data.batch import Batch, kjt_from_ids
 from lattice.data.split import Split, split_mask
@@ -208,8 +210,10 @@ class ExampleStream(IterableDataset):
     def __init__(self, config: PlatformConfig, root: Path, stats: DenseStats, split: Split, batch_size: int,
                  rank: int = 0, world_size: int = 1, seed: int = 0, shuffle: bool = True,
                  teacher_scores: str | Path | None = None, with_truth: bool = False, buffer_rows: int | None = None,
-                 cache_bytes: int = 0):
+                 cache_bytes: int = 0, label_cutoff: dt.datetime | None = None):
         self.config, self.root, self.stats, self.split = config, Path(root), stats, split
+        # labels as known at this instant (lattice.data.label_time); None: the final labels
+        self.label_cutoff = label_cutoff
         self.batch_size, self.rank, self.world_size, self.seed, self.shuffle = batch_size, rank, world_size, seed, shuffle
         self.teacher_scores = Path(teacher_scores) if teacher_scores else None
         self.with_truth = with_truth
@@ -255,7 +259,10 @@ class ExampleStream(IterableDataset):
 
     def _read(self, index: int, unit: Unit, enc: "RowEncoder", teacher: pd.DataFrame | None) -> dict[str, np.ndarray] | None:
         """One unit's rows of this split and rank, encoded (None when it keeps none)."""
-        tbl, part = read_unit(unit, enc.columns + ["split"])
+        extra = label_time.columns_needed(self.config) if self.label_cutoff is not None else []
+        tbl, part = read_unit(unit, enc.columns + ["split"] + extra)
+        if self.label_cutoff is not None:
+            tbl = label_time.apply_cutoff_arrow(tbl, self.label_cutoff, self.config)
         ids, stored = _column(tbl, "example_id", part), _column(tbl, "split", part)
         keep = split_mask(self.config, ids.to_pylist() if ids is not None else [], self.split,
                           stored.to_pylist() if stored is not None else None)
@@ -346,12 +353,12 @@ class BatchLoader:
     def __init__(self, config: PlatformConfig, root: Path, stats: DenseStats, split: Split, batch_size: int | None = None,
                  rank: int = 0, world_size: int = 1, seed: int | None = None, shuffle: bool | None = None,
                  num_workers: int | None = None, teacher_scores: str | Path | None = None, with_truth: bool = False,
-                 cache: bool = False):
+                 cache: bool = False, label_cutoff: dt.datetime | None = None):
         self.config = config
         self.stream = ExampleStream(
             config, root, stats, split, batch_size or config.training.batch_size, rank, world_size,
             config.training.seed if seed is None else seed, split == "train" if shuffle is None else shuffle,
-            teacher_scores, with_truth,
+            teacher_scores, with_truth, label_cutoff=label_cutoff,
         )
         nw = config.training.num_workers if num_workers is None else num_workers
         self.num_workers = min(nw, len(self.stream.units))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import glob
 import hashlib
+import re
 from pathlib import Path
 
 import numpy as np
@@ -17,9 +18,13 @@ import pandas as pd
 
 from lattice.config import PlatformConfig
 from lattice.config.schema import Source
+from lattice.config.timing import attribution_window, known_at_objectives
 from lattice.data import schema as S
 from lattice.data.split import hash_split
 from lattice.paths import Paths
+
+
+DATE_TOKEN = re.compile(r"\{date(?::[^{}]+)?\}")
 
 
 def _read(source: Source, path: Path) -> pd.DataFrame:
@@ -125,6 +130,24 @@ def consolidate_source(config: PlatformConfig, source: Source, raw: pd.DataFrame
         out[S.mask_column(obj)] = np.int8(1 if carried else 0)
         truth = source.truth.get(obj)
         out[S.truth_column(obj)] = pd.to_numeric(raw[truth]).astype(float) if truth else np.nan
+    event_naive = ts.dt.tz_convert(None)
+    for obj in known_at_objectives(config):
+        spec = source.labels.get(obj)
+        known = pd.Series(pd.NaT, index=raw.index, dtype="datetime64[ns, UTC]")
+        if spec is not None and spec.known_at:
+            positive = out[S.label_column(obj)] == 1
+            text = raw[spec.known_at]
+            given = text.mask(text.astype(str).str.strip().isin(["", "nan", "None"])).where(positive)
+            known = _times(source, raw.assign(**{source.event_time.column: given})).where(positive)
+            bad = positive & (known.isna() | (known < ts))
+            if bad.any():
+                raise ValueError(f"source {source.name!r}: {int(bad.sum())} positive(s) of {obj!r} without a {spec.known_at} "
+                                 "or with one before their impression; the Spark pipeline quarantines them")
+            window = attribution_window(config, obj)
+            late = positive & (known.dt.tz_convert(None) > event_naive + window)
+            out.loc[late, S.label_column(obj)] = 0  # logged after its attribution window: not this objective's positive
+            known = known.where(~late)
+        out[S.known_column(obj)] = known
     # a domain that does not carry an objective is masked even if a source logs a value
     for obj in config.objectives:
         off = ~out["domain"].isin(obj.domains)
@@ -133,11 +156,24 @@ def consolidate_source(config: PlatformConfig, source: Source, raw: pd.DataFrame
     return out[S.consolidated_columns(config)]
 
 
+def _files(source: Source, pattern: str) -> list[str]:
+    """A glob's files; a folder gives its files of the source's format, at any depth (date= folders)."""
+    exts = (".json", ".jsonl") if source.format == "jsonl" else (f".{source.format}",)
+    out: set[str] = set()
+    for p in map(Path, glob.glob(pattern)):
+        if p.is_dir():
+            out |= {str(f) for f in p.rglob("*") if f.is_file() and f.name.endswith(exts) and not f.name.startswith(("_", "."))}
+        elif p.is_file():
+            out.add(str(p))
+    return sorted(out)
+
+
 def consolidate(config: PlatformConfig, paths: Paths) -> pd.DataFrame:
     """All sources -> one frame ordered by event time (ties by example_id)."""
     frames = []
     for source in config.sources:
-        files = sorted(glob.glob(str(paths.source_path(source.path))))
+        # a date-partitioned path ({date} token) is read whole here: every day's files
+        files = _files(source, DATE_TOKEN.sub("*", str(paths.source_path(source.path))))
         if not files:
             raise FileNotFoundError(f"source {source.name!r}: no file matches {paths.source_path(source.path)}")
         for f in files:

@@ -15,6 +15,9 @@ One row per impression, every domain in one table (DESIGN.md):
     label_<objective> int8     0 where masked
     mask_<objective>  int8     1 where the domain carries the label
     truth_<objective> double   true probability (synthetic data only; never a model input)
+    known_<objective> timestamp when the positive was logged (objectives whose source declares
+                               `known_at`; null on negatives): a training cutoff reads it
+                               (`lattice.data.label_time`)
 
 Aggregate features join this table in the training set as `<aggregate>_<statistic>_<window>`.
 """
@@ -24,6 +27,7 @@ from __future__ import annotations
 import hashlib
 
 from lattice.config import PlatformConfig
+from lattice.config.timing import known_at_objectives
 
 
 def sparse_columns(config: PlatformConfig) -> list[str]:
@@ -48,6 +52,10 @@ def mask_column(objective: str) -> str:
 
 def truth_column(objective: str) -> str:
     return f"truth_{objective}"
+
+
+def known_column(objective: str) -> str:
+    return f"known_{objective}"
 
 
 def aggregate_columns(config: PlatformConfig) -> list[str]:
@@ -76,6 +84,7 @@ def consolidated_columns(config: PlatformConfig) -> list[str]:
         + [label_column(o) for o in objs]
         + [mask_column(o) for o in objs]
         + [truth_column(o) for o in objs]
+        + [known_column(o) for o in known_at_objectives(config)]
     )
 
 

@@ -22,6 +22,7 @@ import datetime as dt
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -30,6 +31,9 @@ import pyarrow.parquet as pq
 
 from lattice.config import PlatformConfig
 from lattice.config.schema import Synthetic
+
+if TYPE_CHECKING:
+    from lattice.data.synth_market import MarketDay
 from lattice.progress import progress_bar
 
 K = 4  # latent dimension
@@ -121,12 +125,16 @@ def click_logit(world: World, d: np.ndarray, uv: np.ndarray, av: np.ndarray, use
     )
 
 
-def _chunk(world: World, rng: np.random.Generator, n: int, t0: float, t1: float) -> pd.DataFrame:
-    """n impressions with event times in [t0, t1) (unix seconds), in time order."""
+def _chunk(world: World, rng: np.random.Generator, n: int, t0: float, t1: float, day: "MarketDay | None" = None) -> pd.DataFrame:
+    """n impressions with event times in [t0, t1) (unix seconds), in time order; `day` moves the
+    market (lattice.data.synth_market), None keeps the static world."""
     d = rng.choice(3, n, p=DOMAIN_SHARE)
     # Zipf-popular ids: id 1 is the most popular user/ad, as in a frequency-ranked vocabulary.
-    u = np.searchsorted(world.user_cdf, rng.random(n))
-    a = np.searchsorted(world.ad_cdf, rng.random(n))
+    if day is None:
+        u = np.searchsorted(world.user_cdf, rng.random(n))
+        a = np.searchsorted(world.ad_cdf, rng.random(n))
+    else:
+        u, a = day.draw_ids(world, rng, n)
     ts = np.sort(rng.uniform(t0, t1, n)).astype(np.int64)
     pos = np.minimum(rng.geometric(0.35, n) - 1, N_POSITIONS - 1)
     dev = rng.integers(0, N_DEVICES, n)
@@ -135,9 +143,12 @@ def _chunk(world: World, rng: np.random.Generator, n: int, t0: float, t1: float)
     query = np.where(rng.random(n) < 0.5, cat, rng.integers(0, N_CATEGORIES, n))
     activity = world.user_activity[u] * rng.lognormal(0, 0.2, n)
     price = world.ad_price[a] * rng.lognormal(0, 0.1, n)
+    if day is not None:
+        activity, price = activity * day.activity_scale, price * day.price_scale
 
     uv, av = world.user_vec[u], world.ad_vec[a]  # (n, K)
-    p_click = _sigmoid(click_logit(world, d, uv, av, world.user_bias[u], world.ad_bias[a], pos, dev, query == cat, activity))
+    logit = click_logit(world, d, uv, av, world.user_bias[u], world.ad_bias[a], pos, dev, query == cat, activity)
+    p_click = _sigmoid(logit if day is None else logit + day.click_shift[d])
     cvr = _sigmoid(BASE_CVR[d] + 0.5 * np.einsum("nk,kj,nj->n", uv, world.cvr_mix, av) - 0.4 * (np.log(price) - 2.0) + world.ad_bias[a])
     p_conv = p_click * cvr
     click = rng.random(n) < p_click
@@ -161,6 +172,8 @@ def _write_feed(df: pd.DataFrame, path: Path) -> None:
             "clicked": df.click, "converted": df.conversion, "p_click": df.p_click, "p_conversion": df.p_conversion,
         }
     )
+    if "conversion_ts" in df:  # a moving market logs when each conversion arrived (empty: none yet)
+        out["conversion_ts"] = df.conversion_ts.astype("Int64")
     out.to_csv(path, index=False)
 
 
@@ -179,6 +192,9 @@ def _write_search(df: pd.DataFrame, path: Path) -> None:
             "true_click": df.p_click.to_numpy(), "true_conversion": df.p_conversion.to_numpy(),
         }
     )
+    if "conversion_ts" in df:
+        at = pd.to_datetime(df.conversion_ts, unit="s", utc=True).dt.strftime("%Y-%m-%dT%H:%M:%SZ")
+        table = table.append_column("conversion_time", pa.array(at.where(df.conversion_ts.notna(), None).tolist(), pa.string()))
     pq.write_table(table, path, compression="snappy")
 
 
@@ -196,9 +212,22 @@ def _write_video(df: pd.DataFrame, path: Path) -> None:
 WRITERS = {"feed": (_write_feed, "csv"), "search": (_write_search, "parquet"), "video": (_write_video, "jsonl")}
 
 
+def clear_parts(folder: Path) -> None:
+    """A rerun replaces the whole output: part files of an earlier run, in date= folders or not."""
+    for stale in [*folder.glob("part-*"), *folder.glob("date=*/part-*")]:
+        stale.unlink()
+    for day in folder.glob("date=*"):
+        if day.is_dir() and not any(day.iterdir()):
+            day.rmdir()
+
+
 def generate(config: PlatformConfig, rows: int, out: str | Path, progress: bool = True) -> dict:
     """Write `rows` impressions as per-domain raw logs under `out`; return a manifest."""
     params = config.synthetic or Synthetic()
+    if params.market is not None:
+        from lattice.data.synth_market import generate_market
+
+        return generate_market(config, rows, out, progress)
     out = Path(out)
     n_users, n_ads = id_space(params, rows)
     world = World.draw(params, n_users, n_ads)
@@ -211,8 +240,7 @@ def generate(config: PlatformConfig, rows: int, out: str | Path, progress: bool 
     for name in DOMAINS:
         folder = out / name
         folder.mkdir(parents=True, exist_ok=True)
-        for stale in folder.glob("part-*"):  # a rerun replaces the whole output
-            stale.unlink()
+        clear_parts(folder)
 
     bar = progress_bar(total=rows, unit="rows", desc="synth", enabled=progress)
     for i in range(n_chunks):

@@ -1,0 +1,116 @@
+"""Labels as they were known at a training cutoff.
+
+The consolidated table keeps each label as it finally is (a positive counts only inside its
+objective's attribution window) and, for objectives whose source logs the positive's own time,
+`known_<objective>`. One table then serves every cutoff T: this module derives the labels and
+masks a model trained at T may see, so no cutoff is baked into the stored rows.
+
+For an objective with attribution window W, an impression at time t:
+  - its window closes at t + W; at T it is closed when t + W <= T;
+  - `mask` (the default): while the window is open the impression is left out of that
+    objective's loss (mask 0), whether or not a positive was already seen: keeping the positives
+    that arrive early while dropping their not-yet-converted neighbours would bias the rate up
+    (bench/bench_delayed_labels.py measures it); once closed, its final label counts;
+  - `naive` (to measure against only): every impression keeps its mask; a positive counts once
+    it is known (`known_<objective>` <= T, or t + W <= T when the source logs no time), anything
+    else is a negative, which biases the rate down.
+Objectives without a window are known at the impression and pass through unchanged.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from lattice.config import PlatformConfig
+from lattice.config.timing import attribution_window
+from lattice.data import schema as S
+
+MODES = ("mask", "naive")
+
+
+def _to_us(values) -> np.ndarray:
+    """Timestamps (pandas, numpy or Arrow, tz-aware or naive UTC) -> int64 microseconds, NaT -> min."""
+    ts = pd.to_datetime(pd.Series(values), utc=True)
+    out = ts.dt.tz_convert(None).to_numpy(dtype="datetime64[us]").astype(np.int64)
+    out[ts.isna().to_numpy()] = np.iinfo(np.int64).min
+    return out
+
+
+def _cutoff_us(cutoff: dt.datetime) -> int:
+    c = cutoff.astimezone(dt.timezone.utc).replace(tzinfo=None) if cutoff.tzinfo else cutoff
+    return int(np.datetime64(c, "us").astype(np.int64))
+
+
+def labels_at_cutoff(label: np.ndarray, mask: np.ndarray, event_us: np.ndarray, known_us: np.ndarray | None,
+                     cutoff_us: int, window: dt.timedelta, mode: str) -> tuple[np.ndarray, np.ndarray]:
+    """The core rule on arrays (times in int64 microseconds; a missing known time is int64 min)."""
+    if mode not in MODES:
+        raise ValueError(f"label_delay {mode!r} is not one of {list(MODES)}")
+    closes = event_us + int(window / dt.timedelta(microseconds=1))
+    closed = closes <= cutoff_us
+    positive = label > 0
+    if mode == "mask":
+        return np.where(closed, label, 0).astype(label.dtype), np.where(closed, mask, 0).astype(mask.dtype)
+    missing = np.iinfo(np.int64).min
+    arrived = closes if known_us is None else np.where(known_us == missing, closes, known_us)
+    seen = positive & (arrived <= cutoff_us)
+    return seen.astype(label.dtype), mask.copy()
+
+
+def mask_at_cutoff(df: pd.DataFrame, cutoff: dt.datetime | None, config: PlatformConfig,
+                   mode: str | None = None) -> pd.DataFrame:
+    """Consolidated rows -> the same rows with `label_<o>` / `mask_<o>` as known at `cutoff`
+    (None: the final labels, unchanged). `mode` defaults to `training.label_delay`. Pure: `df` is
+    not modified."""
+    if cutoff is None:
+        return df
+    mode = mode or config.training.label_delay
+    out = df.copy()
+    event = _to_us(df["event_timestamp"])
+    for o in config.objective_names:
+        window = attribution_window(config, o)
+        if window is None:
+            continue
+        known = _to_us(df[S.known_column(o)]) if S.known_column(o) in df else None
+        lab, msk = labels_at_cutoff(df[S.label_column(o)].to_numpy(), df[S.mask_column(o)].to_numpy(), event, known,
+                                    _cutoff_us(cutoff), window, mode)
+        out[S.label_column(o)], out[S.mask_column(o)] = lab, msk
+    return out
+
+
+def delayed_objectives(config: PlatformConfig) -> list[str]:
+    """Objectives a cutoff changes (those with an attribution window)."""
+    return [o for o in config.objective_names if attribution_window(config, o) is not None]
+
+
+def columns_needed(config: PlatformConfig) -> list[str]:
+    """Columns a reader must load to apply a cutoff."""
+    return ["event_timestamp"] + [S.known_column(o) for o in delayed_objectives(config)]
+
+
+def apply_cutoff_arrow(tbl: pa.Table, cutoff: dt.datetime, config: PlatformConfig, mode: str | None = None) -> pa.Table:
+    """`mask_at_cutoff` on an Arrow table (the loader's row groups), label and mask columns replaced."""
+    mode = mode or config.training.label_delay
+    objs = delayed_objectives(config)
+    if not objs:
+        return tbl
+    if "event_timestamp" not in tbl.column_names:
+        raise ValueError("a label cutoff needs the table's event_timestamp column; rebuild the table with `lattice features`")
+    event = _to_us(tbl.column("event_timestamp").to_pandas())
+    for o in objs:
+        lc, mc, kc = S.label_column(o), S.mask_column(o), S.known_column(o)
+        if lc not in tbl.column_names or mc not in tbl.column_names:
+            continue
+        known = _to_us(tbl.column(kc).to_pandas()) if kc in tbl.column_names else None
+        lab_arr, msk_arr = tbl.column(lc), tbl.column(mc)
+        lab = pc.fill_null(lab_arr, 0).to_numpy()
+        msk = pc.fill_null(msk_arr, 0).to_numpy()
+        lab, msk = labels_at_cutoff(lab, msk, event, known, _cutoff_us(cutoff), attribution_window(config, o), mode)
+        tbl = tbl.set_column(tbl.column_names.index(lc), lc, pa.array(lab, type=lab_arr.type))
+        tbl = tbl.set_column(tbl.column_names.index(mc), mc, pa.array(msk, type=msk_arr.type))
+    return tbl

@@ -1,0 +1,227 @@
+"""Labels at a training cutoff: masked exactly while the attribution window is open, labelled
+after; the naive rule takes an unseen conversion as a negative; bad label times are refused."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pytest
+
+from lattice.config import load_config
+from lattice.config.loader import ConfigError
+from lattice.data import schema as S
+from lattice.data.label_time import apply_cutoff_arrow, mask_at_cutoff
+
+ROOT = Path(__file__).resolve().parents[2]
+MARKET = ROOT / "bench" / "configs" / "demo_market.yaml"
+T0 = dt.datetime(2026, 1, 5, 12, 0)
+
+
+@pytest.fixture(scope="module")
+def market():
+    return load_config(MARKET)
+
+
+def _log() -> pd.DataFrame:
+    """Three conversion-domain impressions at T0: one converts 2 days later, one 10 days later
+    (outside the 7-day window, so its final label is already 0 in the table), one never."""
+    ts = pd.Timestamp(T0, tz="UTC")
+    return pd.DataFrame({
+        "example_id": ["late", "never", "prompt"],
+        "event_timestamp": [ts, ts, ts],
+        "domain": ["feed"] * 3,
+        S.label_column("click"): np.array([1, 0, 1], np.int8),
+        S.mask_column("click"): np.array([1, 1, 1], np.int8),
+        S.label_column("conversion"): np.array([1, 0, 1], np.int8),
+        S.mask_column("conversion"): np.array([1, 1, 1], np.int8),
+        S.known_column("conversion"): [ts + pd.Timedelta(days=2), pd.NaT, ts + pd.Timedelta(minutes=30)],
+    })
+
+
+def _at(df, cutoff, config, mode=None):
+    out = mask_at_cutoff(df, cutoff, config, mode)
+    return out[S.label_column("conversion")].tolist(), out[S.mask_column("conversion")].tolist()
+
+
+def test_masked_exactly_while_the_window_is_open(market) -> None:
+    df = _log()
+    window = dt.timedelta(days=7)
+    just_before, at_close = T0 + window - dt.timedelta(seconds=1), T0 + window
+    # every impression is masked until its window closes (an early positive too: keeping it
+    # without its still-open neighbours would bias the rate up) ...
+    for cutoff in (T0, T0 + dt.timedelta(days=3), just_before):
+        assert _at(df, cutoff, market) == ([0, 0, 0], [0, 0, 0]), cutoff
+    # ... and labelled with its final value from the instant it closes
+    assert _at(df, at_close, market) == ([1, 0, 1], [1, 1, 1])
+    assert _at(df, at_close + dt.timedelta(days=30), market) == ([1, 0, 1], [1, 1, 1])
+    # the click has no window: untouched at any cutoff
+    out = mask_at_cutoff(df, T0, market)
+    assert out[S.mask_column("click")].tolist() == [1, 1, 1] and out[S.label_column("click")].tolist() == [1, 0, 1]
+    # pure: the input is not modified
+    assert df[S.mask_column("conversion")].tolist() == [1, 1, 1]
+
+
+def test_naive_takes_an_unseen_conversion_as_a_negative(market) -> None:
+    df = _log()
+    # 1 hour after: the prompt conversion is seen, the late one is not yet: a (fake) negative
+    assert _at(df, T0 + dt.timedelta(hours=1), market, "naive") == ([0, 0, 1], [1, 1, 1])
+    assert _at(df, T0 + dt.timedelta(days=2), market, "naive") == ([1, 0, 1], [1, 1, 1])
+    assert _at(df, T0 + dt.timedelta(minutes=10), market, "naive") == ([0, 0, 0], [1, 1, 1])
+
+
+def test_without_a_label_time_a_positive_is_known_when_its_window_closes(market) -> None:
+    df = _log().drop(columns=[S.known_column("conversion")])
+    assert _at(df, T0 + dt.timedelta(days=3), market, "naive") == ([0, 0, 0], [1, 1, 1])
+    assert _at(df, T0 + dt.timedelta(days=7), market, "naive") == ([1, 0, 1], [1, 1, 1])
+
+
+def test_no_cutoff_keeps_the_final_labels(market) -> None:
+    df = _log()
+    assert mask_at_cutoff(df, None, market) is df
+
+
+def test_arrow_twin_agrees_with_pandas(market) -> None:
+    df = _log()
+    tbl = pa.Table.from_pandas(df, preserve_index=False)
+    for cutoff in (T0 + dt.timedelta(days=1), T0 + dt.timedelta(days=8)):
+        for mode in ("mask", "naive"):
+            got = apply_cutoff_arrow(tbl, cutoff, market, mode)
+            want = mask_at_cutoff(df, cutoff, market, mode)
+            for c in (S.label_column("conversion"), S.mask_column("conversion")):
+                assert got.column(c).to_pylist() == want[c].tolist(), (cutoff, mode, c)
+            assert got.column(S.mask_column("conversion")).type == pa.int8()
+
+
+def _load_edited(tmp_path: Path, old: str, new: str):
+    text = MARKET.read_text()
+    assert old in text
+    path = tmp_path / "c.yaml"
+    path.write_text(text.replace(old, new))
+    return load_config(path)
+
+
+CONVERSION = "label_rate: [0.0002, 0.2], attribution: 7d}"
+
+
+def test_window_longer_than_the_time_range_is_a_config_error(tmp_path) -> None:
+    with pytest.raises(ConfigError) as e:
+        _load_edited(tmp_path, CONVERSION, CONVERSION.replace("7d", "30d"))
+    msg = str(e.value)
+    assert "objectives[1].attribution" in msg and "shorten the window or widen time_range" in msg
+
+
+def test_known_at_without_a_window_is_a_config_error(tmp_path) -> None:
+    with pytest.raises(ConfigError) as e:
+        _load_edited(tmp_path, CONVERSION, CONVERSION.replace(", attribution: 7d", ""))
+    assert "objectives[1].attribution" in str(e.value) and "attribution: 7d" in str(e.value)
+
+
+def test_bad_duration_names_the_forms(tmp_path) -> None:
+    with pytest.raises(ConfigError, match="30m, 12h or 7d"):
+        _load_edited(tmp_path, CONVERSION, CONVERSION.replace("7d", "1w"))
+
+
+def _feed_csv(tmp_path: Path, rows: list[str]) -> Path:
+    folder = tmp_path / "raw" / "feed" / "date=2026-01-02"
+    folder.mkdir(parents=True)
+    header = "uid,aid,ts,device_type,slot,user_seg,ad_cat,price,user_activity,clicked,converted,p_click,p_conversion,conversion_ts"
+    (folder / "part-0.csv").write_text("\n".join([header, *rows]) + "\n")
+    return tmp_path / "raw"
+
+
+def _feed_only(market):
+    return market.model_copy(update={"sources": [s for s in market.sources if s.name == "feed_log"],
+                                     "domains": [d for d in market.domains if d.name == "feed"],
+                                     "objectives": [o.model_copy(update={"domains": ["feed"]}) for o in market.objectives]})
+
+
+def test_local_consolidate_keeps_the_positive_time_inside_the_window(market, tmp_path: Path) -> None:
+    from lattice.data.local_consolidate import consolidate
+    from lattice.paths import Paths
+
+    t = 1767312000  # 2026-01-02 00:00 UTC
+    raw = _feed_csv(tmp_path, [f"1,1,{t},0,0,1,1,2.0,1.0,1,1,0.1,0.01,{t + 2 * 86400}",
+                               f"2,1,{t + 60},0,0,1,1,2.0,1.0,1,1,0.1,0.01,{t + 9 * 86400}",  # outside the 7d window
+                               f"3,1,{t + 120},0,0,1,1,2.0,1.0,0,0,0.1,0.01,"])
+    df = consolidate(_feed_only(market), Paths(tmp_path / "wd", raw)).sort_values("event_timestamp")
+    assert df[S.label_column("conversion")].tolist() == [1, 0, 0]
+    known = df[S.known_column("conversion")]
+    assert known.iloc[0] == pd.Timestamp(t + 2 * 86400, unit="s", tz="UTC") and known.iloc[1:].isna().all()
+
+
+def test_local_consolidate_refuses_a_label_time_before_its_impression(market, tmp_path: Path) -> None:
+    from lattice.data.local_consolidate import consolidate
+    from lattice.paths import Paths
+
+    t = 1767312000
+    raw = _feed_csv(tmp_path, [f"1,1,{t},0,0,1,1,2.0,1.0,1,1,0.1,0.01,{t - 60}"])
+    with pytest.raises(ValueError, match="before their impression"):
+        consolidate(_feed_only(market), Paths(tmp_path / "wd", raw))
+
+
+def test_the_loader_applies_the_cutoff(market, tmp_path: Path) -> None:
+    """The training reader sees the same labels and masks as `mask_at_cutoff` on the same rows."""
+    from lattice.data.loader import BatchLoader, fit_dense_stats
+    from lattice.data.local_consolidate import consolidate, write_parquet
+    from lattice.data.synth import generate
+    from lattice.paths import Paths
+
+    syn = market.synthetic.model_copy(update={"users": 500, "ads": 100, "chunk_rows": 1000, "days": 10})
+    cfg = market.model_copy(update={"synthetic": syn})
+    generate(cfg, 2_000, tmp_path / "raw", progress=False)
+    df = consolidate(cfg, Paths(tmp_path / "wd", tmp_path / "raw"))
+    root = tmp_path / "table"
+    write_parquet(df, root / "part-0.parquet")
+    stats = fit_dense_stats(cfg, root)
+    cutoff = dt.datetime(2026, 1, 9)
+    want = mask_at_cutoff(df, cutoff, cfg)
+    for c, expected in ((None, df), (cutoff, want)):
+        got_mask = got_label = 0.0
+        for b in BatchLoader(cfg, root, stats, "all", batch_size=4096, shuffle=False, num_workers=0, label_cutoff=c):
+            got_mask += float(b.masks["conversion"].sum())
+            got_label += float((b.labels["conversion"] * b.masks["conversion"]).sum())
+        assert got_mask == expected[S.mask_column("conversion")].sum()
+        assert got_label == (expected[S.label_column("conversion")] * expected[S.mask_column("conversion")]).sum()
+    # the cutoff left out the impressions of the last 7 days before it, and only those
+    assert want[S.mask_column("conversion")].sum() < 0.6 * df[S.mask_column("conversion")].sum()
+
+
+def test_zipper_window_is_deterministic_and_follows_its_shares() -> None:
+    from lattice.data.split import hash_split
+    from lattice.data.zipper import window_index
+
+    ids = [f"ex{i}" for i in range(40_000)]
+    k = window_index(ids, [0.5, 0.3, 0.2])
+    assert (k == window_index(ids, [0.5, 0.3, 0.2])).all()
+    share = np.bincount(k, minlength=3) / len(ids)
+    assert np.abs(share - [0.5, 0.3, 0.2]).max() < 0.012  # binomial sd at n=40k is 0.0025; 4.8 sd
+    # independent of the split's own hash of the same ids: every window holds ~its test share
+    cfg = load_config(MARKET)
+    test = hash_split(cfg, ids) == "test"
+    for j in range(3):
+        assert abs(test[k == j].mean() - test.mean()) < 0.02
+    with pytest.raises(ValueError, match="sum to 1"):
+        window_index(ids[:3], [0.5, 0.4])
+
+
+def test_zipper_head_labels_wait_for_their_window() -> None:
+    from lattice.data.zipper import head_labels, window_index
+
+    ts = pd.Timestamp(T0, tz="UTC")
+    ids = [f"row{i}" for i in range(400)]
+    k = window_index(ids, [0.5, 0.5])
+    df = pd.DataFrame({"example_id": ids, "event_timestamp": ts,
+                       S.label_column("conversion"): np.ones(400, np.int8),
+                       S.mask_column("conversion"): np.ones(400, np.int8),
+                       S.known_column("conversion"): ts + pd.Timedelta(days=2)})  # every row converts after 2 days
+    windows = [dt.timedelta(days=1), dt.timedelta(days=7)]
+    at3 = head_labels(df, "conversion", T0 + dt.timedelta(days=3), windows, [0.5, 0.5])
+    # window 1 (1 day) has closed: its rows are labelled, negative (the conversion came after a day)
+    assert (at3[0][1] == (k == 0)).all() and at3[0][0].sum() == 0
+    assert at3[1][1].sum() == 0  # the 7-day window is still open
+    at8 = head_labels(df, "conversion", T0 + dt.timedelta(days=8), windows, [0.5, 0.5])
+    assert (at8[1][1] == (k == 1)).all() and (at8[1][0] == (k == 1)).all()  # positive within 7 days
