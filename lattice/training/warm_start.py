@@ -1,0 +1,199 @@
+"""Warm start (`training.warm_start`): a run continues from a parent model instead of a fresh one.
+
+What the new run takes from its parent, and why:
+  weights          the parent's shipped weights (model.pt: its best validation), every table and layer
+  optimizer state  the tables' fused optimizer (row-wise Adagrad accumulators) and Adam's moments,
+                   from the parent's last checkpoint when it has one; without one (an artifact
+                   registered without checkpoint/) the optimizers start fresh and the run says so
+  dense stats      KEPT, not refitted: the network's first layers (and the numeric encoders' bin
+                   edges, lattice.models.numeric) learned on the parent's z-scores; refitting on
+                   today's days would move every dense input under the learned weights at once
+                   (a shift the model never trained on). Drift in the dense inputs is left to a
+                   from-scratch run (warm_start: none), which refits them.
+  id maps          KEPT (frozen): the fitted vocab / mixed / learned maps saved in the parent are the
+                   ones the child uses, so a known id keeps its row; an id first seen after the
+                   parent's fit is out of its map and goes to the map's hashed out-of-vocabulary
+                   rows (never reshuffling a learned row). Refitting with growth (new ids taking free
+                   rows) is not done here; a from-scratch run refits the maps.
+A config change the parent's weights do not fit (a table's size, a removed objective or domain, a
+network size) is refused, naming the changed keys and the fix; a model that only adds parameters
+(a new objective's head) is a partial warm start: the shared weights load, the new ones start fresh.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from lattice.config import PlatformConfig
+from lattice.paths import Paths
+
+if TYPE_CHECKING:
+    from lattice.training.loop import Trainer
+
+log = logging.getLogger(__name__)
+
+PARENT = "parent"  # <model dir>/parent/: the previous model of a `last` warm start, moved aside
+# config sections whose change can make old weights unusable (named in a refusal)
+_SHAPING = ("domains", "objectives", "features", "models")
+
+
+class WarmStartError(ValueError):
+    """The parent's weights cannot seed this model."""
+
+
+@dataclass
+class Parent:
+    folder: Path  # holds model.pt (and checkpoint/ when the parent's optimizer state is known)
+    mode: str  # last | champion
+    checksum: str
+    version: int | None = None  # registry version (champion)
+    lineage: dict = field(default_factory=dict)
+
+    @property
+    def days_seen(self) -> list[str]:
+        return list(self.lineage.get("days_seen", []))
+
+    def to_json(self) -> dict:
+        return {"mode": self.mode, "path": str(self.folder / "model.pt"), "version": self.version,
+                "checksum": self.checksum, "days_seen": self.days_seen}
+
+
+def _blob_lineage(model_pt: Path) -> dict:
+    lin = Path(model_pt).parent / "lineage.json"
+    if lin.exists():
+        return json.loads(lin.read_text())
+    blob = torch.load(model_pt, map_location="cpu", weights_only=False)
+    return blob.get("lineage") or {}
+
+
+def find_parent(config: PlatformConfig, paths: Paths, model: str, mode: str, rotate: bool) -> Parent | None:
+    """The parent of a warm start (None: there is none yet, the run starts from scratch). `last`:
+    the model of the same name in its folder, moved to <model dir>/parent/ when `rotate` (the new
+    run will overwrite the folder; a failed run finds it there again). `champion`: the registry's."""
+    from lattice.registry.checksum import sha256_path
+
+    out = paths.model_dir(model)
+    if mode == "last":
+        parent = out / PARENT
+        if rotate and (out / "model.pt").exists():
+            shutil.rmtree(parent, ignore_errors=True)
+            parent.mkdir(parents=True)
+            for name in ("model.pt", "lineage.json", "dense_stats.json", "checkpoint"):
+                if (out / name).exists():
+                    shutil.move(str(out / name), str(parent / name))
+        if not (parent / "model.pt").exists():
+            return None
+        return Parent(parent, mode, sha256_path(parent / "model.pt"), None, _blob_lineage(parent / "model.pt"))
+    if mode == "champion":
+        from lattice.models import kind_of
+        from lattice.registry import CHAMPION, ModelRegistry
+        from lattice.registry.client import SERVABLE
+
+        reg = ModelRegistry(config, paths)
+        info = reg.by_alias(CHAMPION) if kind_of(model) == SERVABLE else reg.latest(model)
+        if info is None:
+            return None
+        folder = reg.download(info)  # verified against its manifest
+        if not (folder / "model.pt").exists():
+            raise WarmStartError(f"warm_start champion: registered {info.name} v{info.version} holds no model.pt "
+                                 "(training weights); register the trained model folder, or use warm_start: last")
+        return Parent(folder, mode, sha256_path(folder / "model.pt"), info.version, _blob_lineage(folder / "model.pt"))
+    raise ValueError(f"training.warm_start {mode!r}: use none, last or champion")
+
+
+def _flat(prefix: str, value: Any, out: dict[str, Any]) -> dict[str, Any]:
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _flat(f"{prefix}.{k}" if prefix else str(k), v, out)
+    elif isinstance(value, list) and value and all(isinstance(v, dict) and "name" in v for v in value):
+        for v in value:
+            _flat(f"{prefix}.{v['name']}", v, out)
+    else:
+        out[prefix] = value
+    return out
+
+
+def config_changes(old: dict, new: dict) -> list[str]:
+    """Changed keys of the sections that shape a model, as `key: old -> new`."""
+    a = _flat("", {k: old.get(k) for k in _SHAPING}, {})
+    b = _flat("", {k: new.get(k) for k in _SHAPING}, {})
+    return [f"{k}: {a.get(k, '(absent)')!r} -> {b.get(k, '(absent)')!r}" for k in sorted(set(a) | set(b))
+            if a.get(k) != b.get(k) and not k.endswith(("description", "min_rows", "label_rate", "loss_weight"))]
+
+
+def check_compatible(model: torch.nn.Module, blob: dict, config: PlatformConfig, kind: str) -> list[str]:
+    """Raise WarmStartError when the parent's weights do not fit `model` (the plain model, before
+    sharding); return the names of parameters the parent lacks (a partial warm start)."""
+    if blob.get("kind") != kind:
+        raise WarmStartError(f"warm start: the parent is a {blob.get('kind')!r} model, this run trains a {kind!r}; "
+                             "warm-start from a model of the same kind (or training.warm_start: none)")
+    mine, theirs = model.state_dict(), blob["state_dict"]
+    shapes = [f"{k}: {tuple(theirs[k].shape)} -> {tuple(v.shape)}" for k, v in mine.items()
+              if k in theirs and tuple(theirs[k].shape) != tuple(v.shape)]
+    removed = sorted(set(theirs) - set(mine))
+    if shapes or removed:
+        changes = config_changes(blob.get("config") or {}, config.model_dump(mode="json"))
+        what = "; ".join(changes[:8]) or "no config key differs: the model code changed"
+        detail = "; ".join(shapes[:4] + [f"{k} is gone" for k in removed[:4]])
+        raise WarmStartError(
+            f"warm start refused: the parent's weights do not fit this {kind} ({detail}). What changed in the "
+            f"config: {what}. Fix: restore those keys to warm-start, or train from scratch with "
+            "training.warm_start: none (or --set training.warm_start=none)")
+    return sorted(set(mine) - set(theirs))
+
+
+def _copy_full(live: dict[str, Any], full: dict[str, torch.Tensor]) -> None:
+    """Copy unsharded tensors into a (possibly sharded) live state dict, each rank its own shards."""
+    from torch.distributed._shard.sharded_tensor import ShardedTensor
+
+    for k, v in live.items():
+        if k not in full:
+            continue
+        src = full[k]
+        if isinstance(v, ShardedTensor):
+            for shard in v.local_shards():
+                offs, sizes = shard.metadata.shard_offsets, shard.metadata.shard_sizes
+                part = src[tuple(slice(o, o + s) for o, s in zip(offs, sizes))]
+                shard.tensor.detach().copy_(part.to(shard.tensor.device))
+        elif isinstance(v, torch.Tensor):
+            v.detach().copy_(src.to(v.device))
+
+
+def load(trainer: Trainer, parent: Path) -> dict:
+    """Fill the trainer's model with the parent's weights and, when the parent's checkpoint holds
+    them, its optimizer states. Collective (every rank calls it). Returns what was taken."""
+    import torch.distributed.checkpoint as dcp
+
+    from lattice.training import checkpoint
+
+    blob = torch.load(Path(parent) / "model.pt", map_location="cpu", weights_only=False)
+    _copy_full(trainer.model.state_dict(), blob["state_dict"])
+    taken = {"weights": True, "optimizer": False}
+    folder = checkpoint.latest(Path(parent) / "checkpoint")
+    if folder is None:
+        if trainer.rank == 0:
+            print("[lattice] warm start: the parent has no checkpoint/, so the optimizers start fresh "
+                  "(weights, dense stats and id maps are the parent's)", flush=True)
+        return taken
+    saved = set(dcp.FileSystemReader(str(folder)).read_metadata().state_dict_metadata)
+    fused = trainer.model.fused_optimizer.state_dict()["state"]
+    fused = {t: s for t, s in fused.items() if any(k.startswith(f"fused_opt.{t}.") for k in saved)}
+    sd = {"fused_opt": fused, "dense_opt": checkpoint._dense_opt_template(trainer, folder)}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        dcp.load(sd, checkpoint_id=str(folder))
+    named = dict(checkpoint._dense_params(trainer))
+    index = {id(p): i for i, p in enumerate(p for g in trainer.dense_opt.param_groups for p in g["params"])}
+    opt = trainer.dense_opt.state_dict()
+    opt["state"] = {index[id(named[n])]: s for n, s in sd["dense_opt"].items()}
+    trainer.dense_opt.load_state_dict(opt)
+    taken["optimizer"] = True
+    return taken

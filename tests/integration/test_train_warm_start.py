@@ -1,0 +1,116 @@
+"""Living over days: a windowed run trains on its window's days and is tested on the day after; a
+warm start continues the parent (weights, tables, optimizer state) on the new day and equals one
+run over the same batches in the same order; a config the old weights do not fit is refused."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from lattice.paths import Paths
+from lattice.training.stages import train
+
+pytestmark = pytest.mark.slow
+
+# days of the tiny demo table (synthetic.days 14 from 2026-01-01): A trains on days 1-2 (3 is its
+# validation, 4 its test); B warm-starts from A on day 3 (4 validation, 5 test)
+END_A, END_B = "2026-01-04", "2026-01-05"
+
+
+@pytest.fixture(scope="module")
+def setup(tiny_demo):
+    cfg, paths = tiny_demo("warm", 8_000)
+    tr = cfg.training.model_copy(update={
+        "window": "3d", "epochs": 1, "calibration": "none", "checkpoint_every": 0,
+        # one constant rate for both runs: the reference continues as a second pass, B as a first
+        "lr_decay_to": 1.0, "lr_sparse_after_first_epoch": 1.0, "lr_dense_after_first_epoch": 1.0})
+    return cfg.model_copy(update={"training": tr}), paths
+
+
+def _blob(paths: Paths, name: str) -> dict:
+    return torch.load(paths.model_dir(name) / "model.pt", weights_only=False)
+
+
+def test_window_selects_its_days_and_tests_on_the_next(setup) -> None:
+    cfg, paths = setup
+    train(cfg, paths, model="teacher@w", nproc=1, end=END_A, progress=False)
+    lin = json.loads((paths.model_dir("teacher@w") / "lineage.json").read_text())
+    assert lin["window"] == {"train": ["2026-01-01", "2026-01-02"], "validation": "2026-01-03",
+                             "test": "2026-01-04", "end": END_A}
+    assert lin["judged_on"] == "2026-01-04" and lin["days_seen"] == ["2026-01-01", "2026-01-02"]
+    preds = pd.read_parquet(paths.model_dir("teacher@w") / "predictions.parquet")
+    table = pd.read_parquet(paths.consolidated, columns=["example_id", "date"])
+    table["date"] = table["date"].astype(str)
+    assert len(preds) == int((table.date == "2026-01-04").sum()) > 0
+    assert set(table.set_index("example_id").loc[preds.example_id, "date"]) == {"2026-01-04"}
+    history = json.loads((paths.model_dir("teacher@w") / "history.json").read_text())
+    assert history["epochs"][0]["examples"] == int(table.date.isin(["2026-01-01", "2026-01-02"]).sum())
+
+
+def test_warm_start_equals_one_run_over_the_same_batches(setup) -> None:
+    cfg, paths = setup
+    train(cfg, paths, model="teacher@ws", nproc=1, end=END_A, progress=False)
+    parent_sum = _blob(paths, "teacher@ws")["lineage"]
+    b = train(cfg, paths, model="teacher@ws", nproc=1, end=END_B, warm_start="last", progress=False)
+    lin = b["lineage"]
+    assert lin["trained_days"] == ["2026-01-03"] and lin["days_seen"] == ["2026-01-01", "2026-01-02", "2026-01-03"]
+    assert lin["parent"]["mode"] == "last" and len(lin["parent"]["checksum"]) == 64
+    assert lin["judged_on"] == "2026-01-05" and parent_sum["parent"] is None
+
+    # the reference: one trainer passes over A's batches, then over B's (day 3, epoch-0 order)
+    from lattice.data.window import DaySplits
+    from lattice.training import distributed as D
+    from lattice.training.loop import Trainer
+    from lattice.training.spec import RunSpec
+
+    spec_a = RunSpec.load(paths.model_dir("teacher@ws") / "run_spec.json")  # B's spec: same config and table
+    ref_dir = paths.model_dir("teacher@ref")
+    ref_dir.mkdir(parents=True, exist_ok=True)
+    a_days = {"2026-01-01": "train", "2026-01-02": "train", "2026-01-03": "validation", "2026-01-04": "test"}
+    import shutil
+
+    shutil.copy(paths.model_dir("teacher@ws") / "dense_stats.json", ref_dir / "dense_stats.json")  # A's, kept by B
+    ref = Trainer(RunSpec(**{**spec_a.__dict__, "model": "teacher@ref", "days": DaySplits(a_days).to_json(),
+                             "parent": None, "lineage": None, "progress": False}))
+    try:
+        assert ref.fit()
+        ref.days = DaySplits.from_json(spec_a.days)  # B's days: day 3 is the train split
+        ref._loaders.clear()
+        ref.state.epoch, ref.state.step_in_epoch = 0, 0
+        assert ref.train_epoch(0)
+        want = D.full_state_dict(ref.model)
+    finally:
+        ref.close()
+    got = _blob(paths, "teacher@ws")["state_dict"]
+    assert want.keys() == got.keys()
+    # exact: the same float ops in the same order (weights, row-wise Adagrad and Adam states all
+    # carried over bit for bit through model.pt and the DCP checkpoint)
+    for k in want:
+        assert torch.equal(want[k], got[k]), k
+    # and the warm start did move the weights away from the parent's
+    parent = torch.load(paths.model_dir("teacher@ws") / "parent" / "model.pt", weights_only=False)["state_dict"]
+    assert any(not torch.equal(parent[k], got[k]) for k in got)
+
+
+def test_incompatible_config_is_refused_naming_the_change(setup) -> None:
+    from lattice.training.warm_start import WarmStartError
+
+    cfg, paths = setup
+    train(cfg, paths, model="teacher@x", nproc=1, end=END_A, progress=False)
+    sparse = [f.model_copy(update={"num_embeddings": f.num_embeddings // 2}) if f.name == "ad_id" else f
+              for f in cfg.features.sparse]
+    changed = cfg.model_copy(update={"features": cfg.features.model_copy(update={"sparse": sparse})})
+    with pytest.raises(WarmStartError, match=r"features\.sparse\.ad_id\.num_embeddings.*warm_start: none"):
+        train(changed, paths, model="teacher@x", nproc=1, end=END_B, warm_start="last", progress=False)
+
+
+def test_nothing_new_to_train_is_an_error(setup) -> None:
+    cfg, paths = setup
+    train(cfg, paths, model="teacher@n", nproc=1, end=END_A, progress=False)
+    with pytest.raises(ValueError, match="every train day"):
+        train(cfg, paths, model="teacher@n", nproc=1, end=END_A, warm_start="last", progress=False)
