@@ -130,15 +130,22 @@ class Trainer:
         self.days = DaySplits.from_json(spec.days)
         self.parent_blob = (torch.load(Path(spec.parent) / "model.pt", map_location="cpu", weights_only=False)
                             if spec.parent else None)
-        # a warm start keeps the parent's id maps (lattice.training.warm_start): known ids keep their rows
-        self.fitted = ((self.parent_blob.get("hashing") or {}) if self.parent_blob is not None
-                       else load_fitted(self.config, self.paths))  # feature -> fitted id map (hashing)
+        # a warm start takes the parent's id maps, refitted without moving a known id (lattice.hashing.refit)
+        self.grown: set[str] = set()
+        if self.parent_blob is not None:
+            from lattice.training.warm_start import grown_tables
+
+            parent_maps = self.parent_blob.get("hashing") or {}
+            self.fitted = torch.load(spec.fitted, weights_only=False) if spec.fitted else parent_maps
+            self.grown = grown_tables(parent_maps, self.fitted)
+        else:
+            self.fitted = load_fitted(self.config, self.paths)  # feature -> fitted id map (hashing)
         model = build_model(self.config, self.kind, self.n_dense, fitted=self.fitted)
         self.fresh_params: list[str] = []
         if self.parent_blob is not None:
             from lattice.training.warm_start import check_compatible
 
-            self.fresh_params = check_compatible(model, self.parent_blob, self.config, self.kind)
+            self.fresh_params = check_compatible(model, self.parent_blob, self.config, self.kind, self.grown)
         if self.stats.label_rates:
             model.set_output_bias(self.stats.label_rates)
         fit_numeric(model, self.stats)  # the numeric encoders' bin edges (none: a no-op)
@@ -536,7 +543,7 @@ def run(spec: RunSpec) -> dict:
         elif spec.parent:
             from lattice.training.warm_start import load as warm_load
 
-            taken = warm_load(trainer, Path(spec.parent))
+            taken = warm_load(trainer, Path(spec.parent), trainer.grown)
             if trainer.rank == 0:
                 fresh = f"; fresh (not in the parent): {trainer.fresh_params}" if trainer.fresh_params else ""
                 print(f"[lattice] warm start from {spec.parent}: {taken}{fresh}", flush=True)

@@ -74,6 +74,8 @@ def train(config: PlatformConfig, paths: Paths, model: str = "teacher", nproc: i
     parent = ws.find_parent(config, paths, model, mode, rotate=not resume and not node_rank) if mode != "none" else None
     if mode != "none" and parent is None:
         logging.getLogger(__name__).info("warm start %s: no parent model yet; %s trains from scratch", mode, model)
+    if not resume:
+        (out / "warm_maps.pt").unlink(missing_ok=True)  # a previous warm start's refit, never this run's
     days = window.splits(parent.days_seen if parent else (), config.training.replay if parent else 0.0) if window else None
     if days is not None and not any(s == "train" for s in days.days.values()) and not days.replay:
         raise ValueError(f"nothing to train {model!r} on: its parent has trained on every train day of the window "
@@ -98,6 +100,10 @@ def train(config: PlatformConfig, paths: Paths, model: str = "teacher", nproc: i
 
         blob = torch.load(parent.folder / "model.pt", map_location="cpu", weights_only=False)
         DenseStats.from_json(blob["dense_stats"]).save(stats_path)
+        if blob.get("hashing"):
+            from lattice.hashing.refit import refit
+
+            torch.save(refit(config, blob["hashing"], table, days), out / "warm_maps.pt")
     elif not (resume and stats_path.exists()):
         fit_dense_stats(config, table, days).save(stats_path)
     lay = launch.layout(config, nproc, run_id=re.sub(r"[^A-Za-z0-9_-]", "-", f"lattice-{config.name}-{model}"))
@@ -108,6 +114,7 @@ def train(config: PlatformConfig, paths: Paths, model: str = "teacher", nproc: i
         checkpoint_every=config.training.checkpoint_every if checkpoint_every is None else checkpoint_every,
         stop_after=stop_after, resume=resume, progress=progress, validation_only=validation_only,
         days=days.to_json() if days is not None else None, parent=str(parent.folder) if parent else None,
+        fitted=str(out / "warm_maps.pt") if parent is not None and (out / "warm_maps.pt").exists() else None,
         lineage=run_lineage,
     )
     spec_path = spec.save(out / "run_spec.json")

@@ -10,11 +10,11 @@ What the new run takes from its parent, and why:
                    today's days would move every dense input under the learned weights at once
                    (a shift the model never trained on). Drift in the dense inputs is left to a
                    from-scratch run (warm_start: none), which refits them.
-  id maps          KEPT (frozen): the fitted vocab / mixed / learned maps saved in the parent are the
-                   ones the child uses, so a known id keeps its row; an id first seen after the
-                   parent's fit is out of its map and goes to the map's hashed out-of-vocabulary
-                   rows (never reshuffling a learned row). Refitting with growth (new ids taking free
-                   rows) is not done here; a from-scratch run refits the maps.
+  id maps          refitted without reshuffling (lattice.hashing.refit): under `vocab` known ids keep
+                   their rows and the new days' ids take the budget's free rows (the table grows;
+                   its old rows are copied, the new rows and that table's optimizer state start
+                   fresh); `mixed` and `learned` maps stay the parent's (frozen), and ids new since
+                   the parent take their hashed out-of-map rows.
 A config change the parent's weights do not fit (a table's size, a removed objective or domain, a
 network size) is refused, naming the changed keys and the fix; a model that only adds parameters
 (a new objective's head) is a partial warm start: the shared weights load, the new ones start fresh.
@@ -129,15 +129,33 @@ def config_changes(old: dict, new: dict) -> list[str]:
             if a.get(k) != b.get(k) and not k.endswith(("description", "min_rows", "label_rate", "loss_weight"))]
 
 
-def check_compatible(model: torch.nn.Module, blob: dict, config: PlatformConfig, kind: str) -> list[str]:
+def grown_tables(parent_maps: dict, maps: dict) -> set[str]:
+    """Features whose refitted map needs more table rows than the parent's (vocab growth)."""
+    return {f for f, by in maps.items() for r, m in by.items()
+            if int(m["table_rows"]) > int(((parent_maps.get(f) or {}).get(r) or {}).get("table_rows", m["table_rows"]))}
+
+
+def _is_grown(key: str, grown: set[str]) -> bool:
+    return any(key.endswith(f".t_{f}.weight") for f in grown)
+
+
+def check_compatible(model: torch.nn.Module, blob: dict, config: PlatformConfig, kind: str,
+                     grown: set[str] = frozenset()) -> list[str]:
     """Raise WarmStartError when the parent's weights do not fit `model` (the plain model, before
-    sharding); return the names of parameters the parent lacks (a partial warm start)."""
+    sharding); return the names of parameters the parent lacks (a partial warm start). A table of
+    a feature in `grown` (its refitted vocab gained rows) may be longer than the parent's."""
     if blob.get("kind") != kind:
         raise WarmStartError(f"warm start: the parent is a {blob.get('kind')!r} model, this run trains a {kind!r}; "
                              "warm-start from a model of the same kind (or training.warm_start: none)")
     mine, theirs = model.state_dict(), blob["state_dict"]
+    def fits(k: str, new: torch.Tensor) -> bool:
+        old = tuple(theirs[k].shape)
+        if old == tuple(new.shape):
+            return True
+        return _is_grown(k, grown) and old[1:] == tuple(new.shape[1:]) and old[0] <= new.shape[0]
+
     shapes = [f"{k}: {tuple(theirs[k].shape)} -> {tuple(v.shape)}" for k, v in mine.items()
-              if k in theirs and tuple(theirs[k].shape) != tuple(v.shape)]
+              if k in theirs and not fits(k, v)]
     removed = sorted(set(theirs) - set(mine))
     if shapes or removed:
         changes = config_changes(blob.get("config") or {}, config.model_dump(mode="json"))
@@ -154,20 +172,24 @@ def _copy_full(live: dict[str, Any], full: dict[str, torch.Tensor]) -> None:
     """Copy unsharded tensors into a (possibly sharded) live state dict, each rank its own shards."""
     from torch.distributed._shard.sharded_tensor import ShardedTensor
 
+    def put(dst: torch.Tensor, src: torch.Tensor, offs: list[int]) -> None:
+        # the part of `src` (a grown table's parent: fewer rows) inside this region; the rest keeps its init
+        region = tuple(slice(max(0, min(o, n)), max(0, min(o + s, n))) for o, s, n in zip(offs, dst.shape, src.shape))
+        local = tuple(slice(r.start - o, r.stop - o) for r, o in zip(region, offs))
+        dst.detach()[local].copy_(src[region].to(dst.device))
+
     for k, v in live.items():
         if k not in full:
             continue
         src = full[k]
         if isinstance(v, ShardedTensor):
             for shard in v.local_shards():
-                offs, sizes = shard.metadata.shard_offsets, shard.metadata.shard_sizes
-                part = src[tuple(slice(o, o + s) for o, s in zip(offs, sizes))]
-                shard.tensor.detach().copy_(part.to(shard.tensor.device))
+                put(shard.tensor, src, list(shard.metadata.shard_offsets))
         elif isinstance(v, torch.Tensor):
-            v.detach().copy_(src.to(v.device))
+            put(v, src, [0] * v.dim())
 
 
-def load(trainer: Trainer, parent: Path) -> dict:
+def load(trainer: Trainer, parent: Path, grown: set[str] = frozenset()) -> dict:
     """Fill the trainer's model with the parent's weights and, when the parent's checkpoint holds
     them, its optimizer states. Collective (every rank calls it). Returns what was taken."""
     import torch.distributed.checkpoint as dcp
@@ -185,8 +207,10 @@ def load(trainer: Trainer, parent: Path) -> dict:
         return taken
     saved = set(dcp.FileSystemReader(str(folder)).read_metadata().state_dict_metadata)
     fused = trainer.model.fused_optimizer.state_dict()["state"]
-    fused = {t: s for t, s in fused.items() if any(k.startswith(f"fused_opt.{t}.") for k in saved)}
-    sd = {"fused_opt": fused, "dense_opt": checkpoint._dense_opt_template(trainer, folder)}
+    # a grown table's optimizer state (one accumulator per row) starts fresh with its new rows
+    fused = {t: s for t, s in fused.items() if any(k.startswith(f"fused_opt.{t}.") for k in saved) and not _is_grown(t, grown)}
+    dense = {n: s for n, s in checkpoint._dense_opt_template(trainer, folder).items() if not _is_grown(n, grown)}
+    sd = {"fused_opt": fused, "dense_opt": dense}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         dcp.load(sd, checkpoint_id=str(folder))
@@ -196,4 +220,6 @@ def load(trainer: Trainer, parent: Path) -> dict:
     opt["state"] = {index[id(named[n])]: s for n, s in sd["dense_opt"].items()}
     trainer.dense_opt.load_state_dict(opt)
     taken["optimizer"] = True
+    if grown:
+        taken["fresh_optimizer_tables"] = sorted(grown)
     return taken

@@ -114,3 +114,45 @@ def test_nothing_new_to_train_is_an_error(setup) -> None:
     train(cfg, paths, model="teacher@n", nproc=1, end=END_A, progress=False)
     with pytest.raises(ValueError, match="every train day"):
         train(cfg, paths, model="teacher@n", nproc=1, end=END_A, warm_start="last", progress=False)
+
+
+def test_vocab_refit_keeps_known_ids_rows_and_gives_new_ids_free_rows(setup) -> None:
+    from lattice.data.loader import find_table
+    from lattice.data.window import DaySplits
+    from lattice.hashing.budgets import fit_keys, row_budgets
+    from lattice.hashing.id_stats import IdStats, Window
+    from lattice.hashing.maps import ranked_map
+    from lattice.hashing.refit import train_id_counts
+    from lattice.hashing.store import lookup, save_fitted, table_fingerprint
+
+    cfg, paths = setup
+    sparse = [f.model_copy(update={"hashing": "vocab"}) if f.name == "ad_id" else f for f in cfg.features.sparse]
+    cfg = cfg.model_copy(update={"features": cfg.features.model_copy(update={"sparse": sparse})})
+    feat = next(f for f in cfg.features.sparse if f.name == "ad_id")
+    table = find_table(paths)
+    # the parent's fit, on its train days, built by the platform's own map builder
+    ids, counts = train_id_counts(cfg, table, DaySplits({"2026-01-01": "train", "2026-01-02": "train"}), ["ad_id"])["ad_id"]
+    stats = IdStats("ad_id", ids, counts, None, None, None, int(counts.sum()), 0.0)
+    window = Window(int(counts.sum()), "2026-01-01", "2026-01-02", True, np.zeros((1, 1)), np.zeros(1))
+    fits = {r: ranked_map(feat, r, stats, window) for r in row_budgets(cfg, feat)}
+    save_fitted(paths, "ad_id", fits, {**table_fingerprint(table, int(counts.sum())), "keys": fit_keys(feat), "seed": 0})
+
+    train(cfg, paths, model="teacher@v", nproc=1, end=END_A, progress=False)
+    a = torch.load(paths.model_dir("teacher@v") / "model.pt", weights_only=False)
+    train(cfg, paths, model="teacher@v", nproc=1, end=END_B, warm_start="last", progress=False)
+    b = _blob(paths, "teacher@v")
+    key = "sparse.ebc.embedding_bags.t_ad_id.weight"
+    r = max(b["hashing"]["ad_id"])  # the teacher's budget (the student's table_scale is smaller)
+    old, new = a["hashing"]["ad_id"][r], b["hashing"]["ad_id"][r]
+    np.testing.assert_array_equal(lookup(new, old["ids"]), lookup(old, old["ids"]))  # known ids keep their rows
+    day3, _ = train_id_counts(cfg, table, DaySplits({"2026-01-03": "train"}), ["ad_id"])["ad_id"]
+    fresh = np.setdiff1d(day3, old["ids"])
+    assert len(fresh) > 0
+    rows = lookup(new, fresh)
+    assert rows.min() >= old["table_rows"] and len(np.unique(rows)) == len(fresh)  # free rows, one each
+    assert new["table_rows"] == old["table_rows"] + len(fresh) == b["state_dict"][key].shape[0]
+    # a known id absent from day 3 was not trained again: its row is the parent's, bit for bit
+    idle = np.setdiff1d(old["ids"], day3)
+    assert len(idle) > 0
+    ra, rb = lookup(old, idle), lookup(new, idle)
+    assert torch.equal(a["state_dict"][key][ra], b["state_dict"][key][rb])
