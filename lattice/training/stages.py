@@ -135,6 +135,10 @@ def train(config: PlatformConfig, paths: Paths, model: str = "teacher", nproc: i
             return {"interrupted": True, "model": model}
     summary = json.loads((out / "summary.json").read_text())
     summary["lineage"] = run_lineage
+    # the parent was needed while the run could fail or resume; its checksum is in the lineage,
+    # and a registered copy of this folder should not carry a second model
+    shutil.rmtree(out / ws.PARENT, ignore_errors=True)
+    (out / "warm_maps.pt").unlink(missing_ok=True)
     summary["seconds"] = time.perf_counter() - started
     summary["model_dir"] = str(out)
     return summary

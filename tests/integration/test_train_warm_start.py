@@ -55,7 +55,8 @@ def test_window_selects_its_days_and_tests_on_the_next(setup) -> None:
 def test_warm_start_equals_one_run_over_the_same_batches(setup) -> None:
     cfg, paths = setup
     train(cfg, paths, model="teacher@ws", nproc=1, end=END_A, progress=False)
-    parent_sum = _blob(paths, "teacher@ws")["lineage"]
+    parent_blob = _blob(paths, "teacher@ws")
+    parent_sum = parent_blob["lineage"]
     b = train(cfg, paths, model="teacher@ws", nproc=1, end=END_B, warm_start="last", progress=False)
     lin = b["lineage"]
     assert lin["trained_days"] == ["2026-01-03"] and lin["days_seen"] == ["2026-01-01", "2026-01-02", "2026-01-03"]
@@ -93,8 +94,9 @@ def test_warm_start_equals_one_run_over_the_same_batches(setup) -> None:
     for k in want:
         assert torch.equal(want[k], got[k]), k
     # and the warm start did move the weights away from the parent's
-    parent = torch.load(paths.model_dir("teacher@ws") / "parent" / "model.pt", weights_only=False)["state_dict"]
+    parent = parent_blob["state_dict"]
     assert any(not torch.equal(parent[k], got[k]) for k in got)
+    assert not (paths.model_dir("teacher@ws") / "parent").exists()  # moved aside for the run, gone after
 
 
 def test_incompatible_config_is_refused_naming_the_change(setup) -> None:
@@ -138,7 +140,7 @@ def test_vocab_refit_keeps_known_ids_rows_and_gives_new_ids_free_rows(setup) -> 
     save_fitted(paths, "ad_id", fits, {**table_fingerprint(table, int(counts.sum())), "keys": fit_keys(feat), "seed": 0})
 
     train(cfg, paths, model="teacher@v", nproc=1, end=END_A, progress=False)
-    a = torch.load(paths.model_dir("teacher@v") / "model.pt", weights_only=False)
+    a = _blob(paths, "teacher@v")
     train(cfg, paths, model="teacher@v", nproc=1, end=END_B, warm_start="last", progress=False)
     b = _blob(paths, "teacher@v")
     key = "sparse.ebc.embedding_bags.t_ad_id.weight"
@@ -156,3 +158,14 @@ def test_vocab_refit_keeps_known_ids_rows_and_gives_new_ids_free_rows(setup) -> 
     assert len(idle) > 0
     ra, rb = lookup(old, idle), lookup(new, idle)
     assert torch.equal(a["state_dict"][key][ra], b["state_dict"][key][rb])
+
+
+def test_default_end_is_the_day_after_the_table_and_its_test_is_pending(setup) -> None:
+    cfg, paths = setup
+    summary = train(cfg, paths, model="teacher@d", nproc=1, progress=False)
+    table = pd.read_parquet(paths.consolidated, columns=["date"])
+    last = max(table["date"].astype(str))
+    assert summary["lineage"]["window"]["validation"] == last
+    assert summary["lineage"]["judged_on"] > last  # the day after the table: not in it yet
+    metrics = json.loads((paths.model_dir("teacher@d") / "metrics.json").read_text())
+    assert metrics["test_examples"] == 0 and (paths.model_dir("teacher@d") / "model.pt").exists()
