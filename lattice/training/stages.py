@@ -78,7 +78,7 @@ def train(config: PlatformConfig, paths: Paths, model: str = "teacher", nproc: i
         (out / "warm_maps.pt").unlink(missing_ok=True)  # a previous warm start's refit, never this run's
     days = window.splits(parent.days_seen if parent else (), config.training.replay if parent else 0.0) if window else None
     if days is not None and not any(s == "train" for s in days.days.values()) and not days.replay:
-        raise ValueError(f"nothing to train {model!r} on: its parent has trained on every train day of the window "
+        raise ws.WarmStartError(f"nothing to train {model!r} on: its parent has trained on every train day of the window "
                          f"{window.train[0]}..{window.train[-1]} and training.replay is 0; move the interval end "
                          "(`end`) past the parent's days, set training.replay, or warm_start: none")
     run_lineage = lineage.build(mode, parent.to_json() if parent else None, window, days)

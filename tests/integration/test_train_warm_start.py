@@ -114,7 +114,9 @@ def test_incompatible_config_is_refused_naming_the_change(setup) -> None:
 def test_nothing_new_to_train_is_an_error(setup) -> None:
     cfg, paths = setup
     train(cfg, paths, model="teacher@n", nproc=1, end=END_A, progress=False)
-    with pytest.raises(ValueError, match="every train day"):
+    from lattice.training.warm_start import WarmStartError
+
+    with pytest.raises(WarmStartError, match="every train day"):
         train(cfg, paths, model="teacher@n", nproc=1, end=END_A, warm_start="last", progress=False)
 
 
