@@ -637,6 +637,11 @@ class Training(Strict):
     optimizer state, dense statistics and id maps) on the window's days it has not trained on;
     `champion`: from the registry's champion (the student) or the latest registered version (other
     models). A first run with no parent trains from scratch. See docs/living-over-days.md."""
+    warm_dense_stats: Literal["keep", "refit"] = "keep"
+    """Warm start: `keep` the parent's dense statistics (z-score means, deviations, clip bounds and
+    the numeric encoders' bin edges), which its layers learned on, or `refit` them on the run's
+    new days. Measured on the demo market (bench/bench_warm_start.py, days 6-13): next-day macro NE
+    0.9769 keep, 0.9768 refit; `keep` stays the default, as the weights were learned on those inputs."""
     replay: float = Field(default=0.0, ge=0, le=1)
     """Warm start: the share of the window's older training days (those the parent already
     trained on) replayed beside the new days, chosen by a hash of the example id (the same rows

@@ -544,6 +544,8 @@ def run(spec: RunSpec) -> dict:
             from lattice.training.warm_start import load as warm_load
 
             taken = warm_load(trainer, Path(spec.parent), trainer.grown)
+            if trainer.config.training.warm_dense_stats == "refit":
+                fit_numeric(trainer.model, trainer.stats)  # the parent's edges came with its weights: refit them too
             if trainer.rank == 0:
                 fresh = f"; fresh (not in the parent): {trainer.fresh_params}" if trainer.fresh_params else ""
                 print(f"[lattice] warm start from {spec.parent}: {taken}{fresh}", flush=True)

@@ -93,13 +93,16 @@ def train(config: PlatformConfig, paths: Paths, model: str = "teacher", nproc: i
         (out / stale).unlink(missing_ok=True)
     stats_path = out / "dense_stats.json"
     if parent is not None and not resume:
-        # kept, not refitted: the parent's layers learned on these z-scores (lattice.training.warm_start)
         import torch
 
-        from lattice.data.transforms import DenseStats
-
         blob = torch.load(parent.folder / "model.pt", map_location="cpu", weights_only=False)
-        DenseStats.from_json(blob["dense_stats"]).save(stats_path)
+        if config.training.warm_dense_stats == "keep":
+            # the parent's layers learned on these z-scores (lattice.training.warm_start)
+            from lattice.data.transforms import DenseStats
+
+            DenseStats.from_json(blob["dense_stats"]).save(stats_path)
+        else:
+            fit_dense_stats(config, table, days).save(stats_path)
         if blob.get("hashing"):
             from lattice.hashing.refit import refit
 
