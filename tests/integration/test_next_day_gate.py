@@ -65,3 +65,12 @@ def test_two_rounds_are_judged_on_their_next_days(setup) -> None:
     assert decisions[1]["champion_before"] == decisions[0]["challenger_version"]
     champion = reg.client.get_metric_history(run, f"next_day.champion.{cell[0]}.{cell[1]}.ne")
     assert [m.step for m in champion] == [4]  # no champion on day 3 (the first model); on day 4, round 1's
+
+    # the champion is a warm-start source too: its registered folder, verified, with its lineage
+    from lattice.registry import CHAMPION
+    from lattice.training.warm_start import find_parent
+
+    parent = find_parent(cfg, paths, "student", "champion", rotate=False)
+    champion = reg.by_alias(CHAMPION)
+    assert parent.version == champion.version and (parent.folder / "model.pt").exists()
+    assert parent.to_json()["days_seen"] == json.loads(champion.tags["lattice.lineage.days_seen"])

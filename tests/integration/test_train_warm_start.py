@@ -171,3 +171,20 @@ def test_default_end_is_the_day_after_the_table_and_its_test_is_pending(setup) -
     assert summary["lineage"]["judged_on"] > last  # the day after the table: not in it yet
     metrics = json.loads((paths.model_dir("teacher@d") / "metrics.json").read_text())
     assert metrics["test_examples"] == 0 and (paths.model_dir("teacher@d") / "model.pt").exists()
+
+
+def test_replay_adds_the_hashed_share_of_older_window_days(setup) -> None:
+    from lattice.data.split import hash_fraction
+
+    cfg, paths = setup
+    replayed = cfg.model_copy(update={"training": cfg.training.model_copy(update={"replay": 0.5})})
+    train(replayed, paths, model="teacher@r", nproc=1, end=END_A, progress=False)
+    b = train(replayed, paths, model="teacher@r", nproc=1, end=END_B, warm_start="last", progress=False)
+    # B's window trains on days 2-3; the parent trained on 1-2: day 3 is new, day 2 replayed at 50%
+    assert b["lineage"]["trained_days"] == ["2026-01-03"] and b["lineage"]["replayed_days"] == ["2026-01-02"]
+    table = pd.read_parquet(paths.consolidated, columns=["example_id", "date"])
+    table["date"] = table["date"].astype(str)
+    day2 = table[table.date == "2026-01-02"].example_id
+    want = int((table.date == "2026-01-03").sum()) + int((hash_fraction(day2) < 0.5).sum())
+    assert b["history"][0]["examples"] == want
+    assert 0 < int((hash_fraction(day2) < 0.5).sum()) < len(day2)
