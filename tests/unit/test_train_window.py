@@ -116,3 +116,21 @@ def test_load_window_by_day(config, tmp_path) -> None:
     assert sorted(frame.example_id) == [f"2026-01-02-{i}" for i in range(4)]
     with pytest.raises(ValueError, match="2026-01-03.*features stage"):
         load_window(config, paths, day="2026-01-03")
+
+
+def test_a_new_head_is_a_partial_warm_start_and_a_removed_one_is_refused(config) -> None:
+    from lattice.config.schema import Objective
+    from lattice.models import build_model
+    from lattice.training.tiny import tiny
+    from lattice.training.warm_start import WarmStartError, check_compatible
+
+    base = tiny(config)
+    parent = build_model(base, "teacher", 4)
+    blob = {"kind": "teacher", "config": base.model_dump(mode="json"), "state_dict": parent.state_dict()}
+    more = base.model_copy(update={"objectives": [*base.objectives, Objective(name="deep_click", domains=["feed"])]})
+    fresh = check_compatible(build_model(more, "teacher", 4), blob, more, "teacher")
+    assert fresh and all("deep_click" in k for k in fresh)  # only the new objective's parameters start fresh
+    fewer = base.model_copy(update={"objectives": [o for o in base.objectives if o.name != "conversion"]})
+    with pytest.raises(WarmStartError, match=r"objectives\.conversion.*warm_start: none"):
+        check_compatible(build_model(fewer, "teacher", 4), blob, fewer, "teacher")
+    assert check_compatible(build_model(base, "teacher", 4), blob, base, "teacher") == []
