@@ -71,7 +71,7 @@ def train(config: PlatformConfig, paths: Paths, model: str = "teacher", nproc: i
     window = resolve_window(config, table, end or data_end)
     mode = warm_start or config.training.warm_start
     # a resume keeps the parent found when the run started (it is in <model dir>/parent/ by then)
-    parent = ws.find_parent(config, paths, model, mode, rotate=not resume and not node_rank) if mode != "none" else None
+    parent = ws.find_parent(config, paths, model, mode) if mode != "none" else None
     if mode != "none" and parent is None:
         logging.getLogger(__name__).info("warm start %s: no parent model yet; %s trains from scratch", mode, model)
     if not resume:
@@ -87,10 +87,6 @@ def train(config: PlatformConfig, paths: Paths, model: str = "teacher", nproc: i
                                 f"lattice.training.stages.score(config, paths, 'teacher')")
     if resume:
         checkpoint.check_resumable(out / "checkpoint", model)
-    elif not node_rank:  # node 0 (or the only one) owns the folder; other nodes may share it
-        shutil.rmtree(out / "checkpoint", ignore_errors=True)
-    for stale in ("summary.json",):
-        (out / stale).unlink(missing_ok=True)
     stats_path = out / "dense_stats.json"
     if parent is not None and not resume:
         import torch
@@ -103,12 +99,28 @@ def train(config: PlatformConfig, paths: Paths, model: str = "teacher", nproc: i
             DenseStats.from_json(blob["dense_stats"]).save(stats_path)
         else:
             fit_dense_stats(config, table, days).save(stats_path)
-        if blob.get("hashing"):
+        maps = blob.get("hashing") or {}
+        if maps:
             from lattice.hashing.refit import refit
 
-            torch.save(refit(config, blob["hashing"], table, days), out / "warm_maps.pt")
+            maps = refit(config, maps, table, days)
+            torch.save(maps, out / "warm_maps.pt")
+        # refused here, before the parent is moved: a refused run leaves the model folder as it was
+        from lattice.data.transforms import DenseStats
+        from lattice.models import build_model
+
+        grown = ws.grown_tables(blob.get("hashing") or {}, maps)
+        plain = build_model(config, kind_of(model), len(DenseStats.load(stats_path).columns), fitted=maps or None)
+        ws.check_compatible(plain, blob, config, kind_of(model), grown)
+        if not node_rank:
+            ws.set_aside(parent, out)
     elif not (resume and stats_path.exists()):
         fit_dense_stats(config, table, days).save(stats_path)
+    # after the parent (and its checkpoint: the optimizer state) was set aside
+    if not resume and not node_rank:  # node 0 (or the only one) owns the folder; other nodes may share it
+        shutil.rmtree(out / "checkpoint", ignore_errors=True)
+    for stale in ("summary.json",):
+        (out / stale).unlink(missing_ok=True)
     lay = launch.layout(config, nproc, run_id=re.sub(r"[^A-Za-z0-9_-]", "-", f"lattice-{config.name}-{model}"))
     spec = RunSpec(
         config=config.model_dump(mode="json"), workdir=str(paths.workdir), data_root=str(paths.data_root), model=model,
@@ -140,7 +152,8 @@ def train(config: PlatformConfig, paths: Paths, model: str = "teacher", nproc: i
     summary["lineage"] = run_lineage
     # the parent was needed while the run could fail or resume; its checksum is in the lineage,
     # and a registered copy of this folder should not carry a second model
-    shutil.rmtree(out / ws.PARENT, ignore_errors=True)
+    if (out / "model.pt").exists():  # (a `lattice tune` trial writes none: its parent stays the model)
+        shutil.rmtree(out / ws.PARENT, ignore_errors=True)
     (out / "warm_maps.pt").unlink(missing_ok=True)
     summary["seconds"] = time.perf_counter() - started
     summary["model_dir"] = str(out)

@@ -74,24 +74,18 @@ def _blob_lineage(model_pt: Path) -> dict:
     return blob.get("lineage") or {}
 
 
-def find_parent(config: PlatformConfig, paths: Paths, model: str, mode: str, rotate: bool) -> Parent | None:
+def find_parent(config: PlatformConfig, paths: Paths, model: str, mode: str) -> Parent | None:
     """The parent of a warm start (None: there is none yet, the run starts from scratch). `last`:
-    the model of the same name in its folder, moved to <model dir>/parent/ when `rotate` (the new
-    run will overwrite the folder; a failed run finds it there again). `champion`: the registry's."""
+    the model of the same name in its folder (or, after a run that failed or was interrupted,
+    the one `set_aside` moved to <model dir>/parent/). `champion`: the registry's. Moves nothing."""
     from lattice.registry.checksum import sha256_path
 
     out = paths.model_dir(model)
     if mode == "last":
-        parent = out / PARENT
-        if rotate and (out / "model.pt").exists():
-            shutil.rmtree(parent, ignore_errors=True)
-            parent.mkdir(parents=True)
-            for name in ("model.pt", "lineage.json", "dense_stats.json", "checkpoint"):
-                if (out / name).exists():
-                    shutil.move(str(out / name), str(parent / name))
-        if not (parent / "model.pt").exists():
+        folder = next((f for f in (out, out / PARENT) if (f / "model.pt").exists()), None)
+        if folder is None:
             return None
-        return Parent(parent, mode, sha256_path(parent / "model.pt"), None, _blob_lineage(parent / "model.pt"))
+        return Parent(folder, mode, sha256_path(folder / "model.pt"), None, _blob_lineage(folder / "model.pt"))
     if mode == "champion":
         from lattice.models import kind_of
         from lattice.registry import CHAMPION, ModelRegistry
@@ -107,6 +101,21 @@ def find_parent(config: PlatformConfig, paths: Paths, model: str, mode: str, rot
                                  "(training weights); register the trained model folder, or use warm_start: last")
         return Parent(folder, mode, sha256_path(folder / "model.pt"), info.version, _blob_lineage(folder / "model.pt"))
     raise ValueError(f"training.warm_start {mode!r}: use none, last or champion")
+
+
+def set_aside(parent: Parent, out: Path) -> Parent:
+    """Move a `last` parent that still sits in the model folder to <model dir>/parent/ (the new run
+    overwrites the folder; a failed run finds its parent there again). Called once every check passed."""
+    if parent.folder != out:
+        return parent
+    aside = out / PARENT
+    shutil.rmtree(aside, ignore_errors=True)
+    aside.mkdir(parents=True)
+    for name in ("model.pt", "lineage.json", "checkpoint"):  # (dense_stats.json is already this run's)
+        if (out / name).exists():
+            shutil.move(str(out / name), str(aside / name))
+    parent.folder = aside
+    return parent
 
 
 def _flat(prefix: str, value: Any, out: dict[str, Any]) -> dict[str, Any]:

@@ -109,6 +109,7 @@ def test_incompatible_config_is_refused_naming_the_change(setup) -> None:
     changed = cfg.model_copy(update={"features": cfg.features.model_copy(update={"sparse": sparse})})
     with pytest.raises(WarmStartError, match=r"features\.sparse\.ad_id\.num_embeddings.*warm_start: none"):
         train(changed, paths, model="teacher@x", nproc=1, end=END_B, warm_start="last", progress=False)
+    assert (paths.model_dir("teacher@x") / "model.pt").exists()  # a refused run leaves the model where it was
 
 
 def test_nothing_new_to_train_is_an_error(setup) -> None:
@@ -118,6 +119,7 @@ def test_nothing_new_to_train_is_an_error(setup) -> None:
 
     with pytest.raises(WarmStartError, match="every train day"):
         train(cfg, paths, model="teacher@n", nproc=1, end=END_A, warm_start="last", progress=False)
+    assert (paths.model_dir("teacher@n") / "model.pt").exists()
 
 
 def test_vocab_refit_keeps_known_ids_rows_and_gives_new_ids_free_rows(setup) -> None:
