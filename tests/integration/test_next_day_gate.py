@@ -70,7 +70,7 @@ def test_two_rounds_are_judged_on_their_next_days(setup) -> None:
     from lattice.registry import CHAMPION
     from lattice.training.warm_start import find_parent
 
-    parent = find_parent(cfg, paths, "student", "champion", rotate=False)
+    parent = find_parent(cfg, paths, "student", "champion")
     champion = reg.by_alias(CHAMPION)
     assert parent.version == champion.version and (parent.folder / "model.pt").exists()
     assert parent.to_json()["days_seen"] == json.loads(champion.tags["lattice.lineage.days_seen"])
