@@ -57,6 +57,7 @@ def _train(args: argparse.Namespace) -> int:
     from lattice.training.checkpoint import CheckpointError
     from lattice.training.launch import RankFailed
     from lattice.training.stages import train
+    from lattice.training.warm_start import WarmStartError
 
     config, paths = config_and_paths(args)
     models = baseline_names(config) if args.model == "all-baselines" else [args.model]
@@ -64,8 +65,9 @@ def _train(args: argparse.Namespace) -> int:
     for name in models:
         try:
             s = train(config, paths, model=name, nproc=args.nproc, epochs=args.epochs, teacher_scores=args.teacher_scores,
-                      seed=args.seed, resume=args.resume, node_rank=args.node_rank, resume_hint=resume_command(args, name))
-        except (NoTrainingData, FileNotFoundError, CheckpointError, RankFailed, ProfileError) as exc:
+                      seed=args.seed, resume=args.resume, node_rank=args.node_rank, resume_hint=resume_command(args, name),
+                      end=args.end, warm_start=args.warm_start)
+        except (NoTrainingData, FileNotFoundError, CheckpointError, RankFailed, ProfileError, WarmStartError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 1
         except KeyboardInterrupt:
@@ -109,5 +111,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--node-rank", type=int, default=None,
                    help="scale-out profile on a real cluster: start only this node's torchrun (0..nnodes-1); "
                         "run the same command with each node's rank on each node")
+    p.add_argument("--end", default=None, metavar="YYYY-MM-DD",
+                   help="with training.window: the interval end (exclusive) the window ends at; the test day is this day "
+                        "(default: the table's latest day + 1)")
+    p.add_argument("--warm-start", default=None, choices=["none", "last", "champion"],
+                   help="continue from the last model or the champion (default: training.warm_start)")
     add_set_argument(p)
     p.set_defaults(func=_train)

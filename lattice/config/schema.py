@@ -651,6 +651,25 @@ class Training(Strict):
     calibration_min_positives: int = Field(default=200, ge=0)
     """Validation positives a cell needs for the isotonic or histogram map; below it the cell gets
     the two-parameter Platt map (a cell with no positives or no negatives keeps the identity)."""
+    window: str | None = Field(default=None, pattern=r"^[1-9][0-9]*d$")
+    """Train on the trailing window of this many days (`14d`) that ends at the run's interval end
+    (the `end` stage keyword; default the table's latest event date + 1 day): the window's newest
+    day is the validation split, the day after the window the test split (next-day judgment),
+    whatever `split.kind` says. Unset: the whole table, split by `split` (see docs/living-over-days.md)."""
+    warm_start: Literal["none", "last", "champion"] = "none"
+    """`last`: continue from the previous model of the same name (its weights, embedding tables,
+    optimizer state, dense statistics and id maps) on the window's days it has not trained on;
+    `champion`: from the registry's champion (the student) or the latest registered version (other
+    models). A first run with no parent trains from scratch. See docs/living-over-days.md."""
+    warm_dense_stats: Literal["keep", "refit"] = "keep"
+    """Warm start: `keep` the parent's dense statistics (z-score means, deviations, clip bounds and
+    the numeric encoders' bin edges), which its layers learned on, or `refit` them on the run's
+    new days. Measured on the demo market (bench/bench_warm_start.py, days 6-13): next-day macro NE
+    0.9769 keep, 0.9768 refit; `keep` stays the default, as the weights were learned on those inputs."""
+    replay: float = Field(default=0.0, ge=0, le=1)
+    """Warm start: the share of the window's older training days (those the parent already
+    trained on) replayed beside the new days, chosen by a hash of the example id (the same rows
+    every run)."""
 
 
 class Distillation(Strict):

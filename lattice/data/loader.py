@@ -31,6 +31,7 @@ from lattice.data import schema as S
 from lattice.data.batch import Batch, kjt_from_ids
 from lattice.data.split import Split, split_mask
 from lattice.data.transforms import DenseStats, StatsAccumulator, dense_spec
+from lattice.data.window import DaySplits, row_dates
 from lattice.paths import Paths
 
 _HIVE = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
@@ -86,6 +87,30 @@ def split_rows(root: Path, split: str) -> int | None:
         return None
     data = ds.dataset(str(root), format="parquet", partitioning="hive", ignore_prefixes=[".", "_"])
     return int(data.count_rows(filter=ds.field("split") == split))
+
+
+def window_rows(root: Path, days: DaySplits) -> int:
+    """Rows of the table's units whose `date` partition the run wants (all units when the table
+    is not partitioned by date), from the parquet footers."""
+    units = [u for u in scan_units(root) if _unit_wanted(u, days)]
+    return sum(pq.ParquetFile(u.file).metadata.row_group(u.row_group).num_rows for u in units)
+
+
+def _unit_wanted(unit: Unit, days: DaySplits | None) -> bool:
+    """False only for a unit whose `date` partition lies outside the run's days (never read)."""
+    date = dict(unit.partition).get("date")
+    return days is None or date is None or days.wanted(date)
+
+
+def _row_split(config: PlatformConfig, tbl: pa.Table, part: dict[str, str], split: Split,
+               days: DaySplits | None) -> np.ndarray:
+    """The rows of `split` in one unit: by the run's days (a windowed run) or the stored column."""
+    ids = _column(tbl, "example_id", part)
+    ids = ids.to_pylist() if ids is not None else []
+    if days is not None:
+        return days.split_of(row_dates(tbl, part), ids, split)
+    stored = _column(tbl, "split", part)
+    return split_mask(config, ids, split, stored.to_pylist() if stored is not None else None)
 
 
 def table_columns(root: Path) -> set[str]:
@@ -210,16 +235,17 @@ class ExampleStream(IterableDataset):
     def __init__(self, config: PlatformConfig, root: Path, stats: DenseStats, split: Split, batch_size: int,
                  rank: int = 0, world_size: int = 1, seed: int = 0, shuffle: bool = True,
                  teacher_scores: str | Path | None = None, with_truth: bool = False, buffer_rows: int | None = None,
-                 cache_bytes: int = 0, label_cutoff: dt.datetime | None = None):
+                 cache_bytes: int = 0, label_cutoff: dt.datetime | None = None, days: DaySplits | None = None):
         self.config, self.root, self.stats, self.split = config, Path(root), stats, split
         # labels as known at this instant (lattice.data.label_time); None: the final labels
         self.label_cutoff = label_cutoff
+        self.days = days  # a windowed run: date -> split (lattice.data.window)
         self.batch_size, self.rank, self.world_size, self.seed, self.shuffle = batch_size, rank, world_size, seed, shuffle
         self.teacher_scores = Path(teacher_scores) if teacher_scores else None
         self.with_truth = with_truth
         self.buffer_rows = buffer_rows or max(64 * batch_size, 65_536)
         self.epoch = 0
-        self.units = scan_units(self.root)
+        self.units = [u for u in scan_units(self.root) if _unit_wanted(u, days)]
         # unit index -> its encoded kept rows (None: it keeps none), filled while reading, up to
         # `cache_bytes`: a later pass takes a unit from here instead of parquet and the encoder
         self.cache_bytes, self._cache, self._cached_bytes = cache_bytes, {}, 0
@@ -259,13 +285,13 @@ class ExampleStream(IterableDataset):
 
     def _read(self, index: int, unit: Unit, enc: "RowEncoder", teacher: pd.DataFrame | None) -> dict[str, np.ndarray] | None:
         """One unit's rows of this split and rank, encoded (None when it keeps none)."""
-        extra = label_time.columns_needed(self.config) if self.label_cutoff is not None else []
-        tbl, part = read_unit(unit, enc.columns + ["split"] + extra)
+        extra = ["split"] if self.days is None else ["date", "event_timestamp"]
+        if self.label_cutoff is not None:
+            extra += [c for c in label_time.columns_needed(self.config) if c not in extra]
+        tbl, part = read_unit(unit, enc.columns + extra)
         if self.label_cutoff is not None:
             tbl = label_time.apply_cutoff_arrow(tbl, self.label_cutoff, self.config)
-        ids, stored = _column(tbl, "example_id", part), _column(tbl, "split", part)
-        keep = split_mask(self.config, ids.to_pylist() if ids is not None else [], self.split,
-                          stored.to_pylist() if stored is not None else None)
+        keep = _row_split(self.config, tbl, part, self.split, self.days)
         if self.world_size > 1:
             j = np.cumsum(keep) - 1  # position among this unit's kept rows
             keep &= (j + index) % self.world_size == self.rank
@@ -353,12 +379,12 @@ class BatchLoader:
     def __init__(self, config: PlatformConfig, root: Path, stats: DenseStats, split: Split, batch_size: int | None = None,
                  rank: int = 0, world_size: int = 1, seed: int | None = None, shuffle: bool | None = None,
                  num_workers: int | None = None, teacher_scores: str | Path | None = None, with_truth: bool = False,
-                 cache: bool = False, label_cutoff: dt.datetime | None = None):
+                 cache: bool = False, label_cutoff: dt.datetime | None = None, days: DaySplits | None = None):
         self.config = config
         self.stream = ExampleStream(
             config, root, stats, split, batch_size or config.training.batch_size, rank, world_size,
             config.training.seed if seed is None else seed, split == "train" if shuffle is None else shuffle,
-            teacher_scores, with_truth, label_cutoff=label_cutoff,
+            teacher_scores, with_truth, label_cutoff=label_cutoff, days=days,
         )
         nw = config.training.num_workers if num_workers is None else num_workers
         self.num_workers = min(nw, len(self.stream.units))
@@ -423,23 +449,25 @@ class _Packed(IterableDataset):
         return (pack(arrs) for arrs in self.stream)
 
 
-def fit_dense_stats(config: PlatformConfig, root: Path) -> DenseStats:
-    """One streaming pass over the train split: dense stats, per-objective label rates and the
-    distinct ids of every sparse feature (to check that its table can hold them)."""
+def fit_dense_stats(config: PlatformConfig, root: Path, days: DaySplits | None = None) -> DenseStats:
+    """One streaming pass over the train split (of the run's `days`, when windowed): dense stats,
+    per-objective label rates and the distinct ids of every sparse feature (to check that its
+    table can hold them)."""
     present = table_columns(root)
     cols = dense_spec(config, present)
     acc = StatsAccumulator(cols)
     objs = config.objective_names
     sparse = {f.name: f.column for f in config.features.sparse if f.column in present}
-    wanted = list(dict.fromkeys(["example_id", "split"] + [c.column for c in cols] + list(sparse.values())
+    wanted = list(dict.fromkeys(["example_id", "split", "date", "event_timestamp"] + [c.column for c in cols] + list(sparse.values())
                                 + [S.label_column(o) for o in objs] + [S.mask_column(o) for o in objs]))
     pos = {o: 0.0 for o in objs}
     cnt = {o: 0.0 for o in objs}
     seen: dict[str, list[np.ndarray]] = {name: [] for name in sparse}  # per unit, merged once at the end
     for unit in scan_units(root):
+        if not _unit_wanted(unit, days):
+            continue
         tbl, part = read_unit(unit, wanted)
-        stored = tbl.column("split").to_pylist() if "split" in tbl.column_names else None
-        keep = split_mask(config, tbl.column("example_id").to_pylist(), "train", stored)
+        keep = _row_split(config, tbl, part, "train", days)
         tbl = tbl.take(pa.array(np.flatnonzero(keep)))
         raw = {c.column: pc.fill_null(tbl.column(c.column).cast(pa.float64()), 0.0).to_numpy()
                for c in cols if c.column in tbl.column_names}

@@ -37,7 +37,10 @@ def _register_teacher_once(config: PlatformConfig, paths: Paths) -> dict:
 
 def distill(config: PlatformConfig, paths: Paths, nproc: int | None = None, epochs: int | None = None,
             seed: int | None = None, compare_without_teacher: bool = False, export: bool = True,
-            register: bool = True, progress: bool = True) -> dict:
+            register: bool = True, progress: bool = True, end: str | None = None, data_end: str | None = None) -> dict:
+    """`end` / `data_end`: the interval end of a windowed run (training.window); default the
+    teacher's own window end (its lineage), so the student trains and is judged on the teacher's days.
+    With training.warm_start the student continues from the last student (or the champion)."""
     from lattice.evaluation.stages import evaluate
     from lattice.training.stages import score, train
 
@@ -56,17 +59,22 @@ def distill(config: PlatformConfig, paths: Paths, nproc: int | None = None, epoc
         timings[name] = round(time.perf_counter() - t, 2)
         log.info("distill: %s done in %.1fs", name, timings[name])
 
+    from lattice.training.lineage import read as read_lineage
+
+    teacher_window = (read_lineage(teacher_dir) or {}).get("window") or {}
+    end = end or data_end or teacher_window.get("end")
     t = time.perf_counter()
     scores = score(config, paths, "teacher", split="train", out=paths.teacher_scores / "teacher_train.parquet", progress=progress)
     lap("score_teacher", t)
     t = time.perf_counter()
-    train(config, paths, "student", nproc=nproc, epochs=epochs, teacher_scores=scores, seed=seed, progress=progress)
+    train(config, paths, "student", nproc=nproc, epochs=epochs, teacher_scores=scores, seed=seed, progress=progress, end=end)
     lap("train_student", t)
     models = ["teacher", "student"]
     if compare_without_teacher:
         # the same small network on labels only: what the teacher's soft labels are worth
         t = time.perf_counter()
-        train(config, paths, NO_TEACHER, nproc=nproc, epochs=epochs, seed=seed, progress=progress)
+        train(config, paths, NO_TEACHER, nproc=nproc, epochs=epochs, seed=seed, progress=progress, end=end,
+              warm_start="none")
         lap("train_student_without_teacher", t)
         models.append(NO_TEACHER)
     evaluate(config, paths, models)

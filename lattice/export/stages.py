@@ -55,6 +55,8 @@ def export_model(config: PlatformConfig, paths: Paths, model: str = "student", i
         # per sparse feature: its hashing scheme and the versions of the fitted id maps inside the artifact
         # the calibration stage the artifact applies (it is inside model.pt): method and per-cell map
         "calibration": _calibration_meta(trained.blob.get("calibration")),
+        # parent (warm start), days seen, the day it was judged on (lattice.training.lineage)
+        "lineage": trained.blob.get("lineage"),
         "embeddings": {f.name: {"hashing": f.hashing, "fits": {str(r): m.get("version") for r, m in
                                                                (trained.blob.get("hashing") or {}).get(f.name, {}).items()}}
                        for f in trained.config.features.sparse},

@@ -13,7 +13,9 @@ from lattice.data.split import Split, split_mask
 from lattice.paths import Paths
 
 
-def load_window(config: PlatformConfig, paths: Paths, split: Split = "test", max_rows: int | None = 200_000, seed: int = 0) -> pd.DataFrame:
+def load_window(config: PlatformConfig, paths: Paths, split: Split = "test", max_rows: int | None = 200_000, seed: int = 0,
+                day: str | None = None) -> pd.DataFrame:
+    """`day` (YYYY-MM-DD): the rows of that day instead of a split (next-day judgment)."""
     from lattice.data.loader import find_table
 
     table = find_table(paths)
@@ -21,8 +23,20 @@ def load_window(config: PlatformConfig, paths: Paths, split: Split = "test", max
     frame = dataset.to_table().to_pandas()
     if "domain" in frame and isinstance(frame["domain"].dtype, pd.CategoricalDtype):
         frame["domain"] = frame["domain"].astype(str)
-    stored = frame["split"].astype(str) if "split" in frame else None
-    frame = frame[split_mask(config, frame["example_id"].astype(str), split, stored)]
+    if day is not None:
+        from lattice.data.window import DaySplits, row_dates
+
+        import pyarrow as pa
+
+        dates = row_dates(pa.Table.from_pandas(frame[[c for c in ("date", "event_timestamp") if c in frame]],
+                                               preserve_index=False), {})
+        frame = frame[DaySplits({day: "test"}).split_of(dates, None, "test")]
+        if frame.empty:
+            raise ValueError(f"no rows of {day} in {table}: the challenger is judged on the day after its training "
+                             f"window, which the table does not hold yet; run the features stage for {day} first")
+    else:
+        stored = frame["split"].astype(str) if "split" in frame else None
+        frame = frame[split_mask(config, frame["example_id"].astype(str), split, stored)]
     if max_rows is not None and len(frame) > max_rows:
         frame = frame.sample(n=max_rows, random_state=seed)
     if frame.empty:

@@ -22,7 +22,7 @@ from lattice.config import PlatformConfig
 from lattice.data.transforms import DenseStats
 from lattice.models.build import build_model
 
-META_KEYS = ("name", "plan", "cost", "best_epoch", "world_size", "fp8", "hashing", "calibration")
+META_KEYS = ("name", "plan", "cost", "best_epoch", "world_size", "fp8", "hashing", "calibration", "lineage")
 
 
 @dataclass

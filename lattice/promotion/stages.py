@@ -91,9 +91,12 @@ def promote(config: PlatformConfig, paths: Paths, dry_run: bool = False, max_row
     champion = reg.by_alias(CHAMPION)
     if champion is not None and champion.version == challenger.version:
         raise ValueError(f"the challenger v{challenger.version} already is the champion; distill a new student first")
-    window = load_window(config, paths, "test", max_rows=max_rows)
-    log.info("promote: challenger v%s vs champion %s on %d window rows", challenger.version,
-             f"v{champion.version}" if champion else "(none)", len(window))
+    from lattice.promotion import next_day
+
+    day = next_day.judged_day(challenger.tags)  # windowed: the first day after its training window
+    window = load_window(config, paths, "test", max_rows=max_rows, day=day)
+    log.info("promote: challenger v%s vs champion %s on %d window rows%s", challenger.version,
+             f"v{champion.version}" if champion else "(none)", len(window), f" of {day} (next day)" if day else "")
 
     # integrity first: every registered artifact the gate uses, checked before anything is scored
     integrity: list[Reason] = []
@@ -156,6 +159,8 @@ def promote(config: PlatformConfig, paths: Paths, dry_run: bool = False, max_row
     decision.update({
         "challenger_version": challenger.version, "champion_before": champion.version if champion else None,
         "teacher_version": teacher_version, "dry_run": dry_run, "measurements": measurements,
+        "judged_on": day, "day_index": next_day.day_index(config, day) if day else None,
+        "series": next_day.series(config, day, {"challenger": ch_cells, "champion": champ_cells}) if day else {},
     })
     decision["champion_after"] = decision["champion_before"]
     if decision["passed"] and not dry_run:
@@ -167,6 +172,8 @@ def promote(config: PlatformConfig, paths: Paths, dry_run: bool = False, max_row
             log.warning("promote: challenger v%s rejected: %s", challenger.version,
                         "; ".join(r["message"] for r in decision["reasons"] if not r["passed"]))
         decision["gate_run_id"] = reg.log_decision(challenger, decision)
+    if decision["series"]:
+        decision["next_day_run_id"] = next_day.log_series(reg, decision["series"])
     decision["seconds"] = round(time.perf_counter() - started, 2)
     return decision
 

@@ -290,6 +290,8 @@ class ModelRegistry:
             for k, v in decision.get("measurements", {}).items():
                 if isinstance(v, (int, float)) and v == v:
                     self.client.log_metric(rid, k, float(v))
+            for k, (v, step) in decision.get("series", {}).items():  # next-day cells: step = day index
+                self.client.log_metric(rid, k, float(v), step=int(step))
         except Exception:
             try:
                 self.client.set_terminated(rid, "FAILED")

@@ -77,6 +77,9 @@ def register(config: PlatformConfig, paths: Paths, model: str = SERVABLE, challe
     }
     if export_dir.is_dir():
         tags["lattice.artifact_mb"] = f"{size_mb(export_dir):.3f}"
+    from lattice.training.lineage import read as read_lineage, tags as lineage_tags
+
+    tags.update(lineage_tags(read_lineage(model_dir)))  # parent, days seen, judged-on day
     meta = export_dir / "metadata.json"
     if meta.exists():
         tags["lattice.trained_at"] = str(json.loads(meta.read_text()).get("trained_at", ""))

@@ -401,6 +401,8 @@ def create_app(config: PlatformConfig, paths: Paths, poll_seconds: float = 2.0, 
             "embeddings": served.model.metadata.get("embeddings", {}),
             # the calibration stage inside the artifact (per cell: the map fitted on validation)
             "calibration": served.model.metadata.get("calibration"),
+            # parent (warm start), days seen, judged-on day (lattice.training.lineage)
+            "lineage": served.model.metadata.get("lineage"),
         }
 
     return app

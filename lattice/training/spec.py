@@ -26,6 +26,10 @@ class RunSpec:
     resume: bool = False
     progress: bool = True
     validation_only: bool = False  # `lattice tune`: judge on the validation split; never read the test split
+    days: dict | None = None  # a windowed run: lattice.data.window.DaySplits.to_json()
+    parent: str | None = None  # a warm start: the parent's folder (model.pt, checkpoint/)
+    fitted: str | None = None  # a warm start: the parent's id maps refitted for this run (torch.save file)
+    lineage: dict | None = None  # written into model.pt and lineage.json (lattice.training.lineage)
 
     def platform(self) -> PlatformConfig:
         return PlatformConfig.model_validate(self.config)

@@ -37,7 +37,8 @@ log = logging.getLogger("lattice.training.ranks")  # what torchrun's ranks write
 def train(config: PlatformConfig, paths: Paths, model: str = "teacher", nproc: int | None = None, epochs: int | None = None,
           teacher_scores: str | Path | None = None, seed: int | None = None, resume: bool = False,
           checkpoint_every: int | None = None, stop_after: int | None = None, progress: bool = True,
-          validation_only: bool = False, node_rank: int | None = None, resume_hint: str | None = None) -> dict:
+          validation_only: bool = False, node_rank: int | None = None, resume_hint: str | None = None,
+          end: str | None = None, data_end: str | None = None, warm_start: str | None = None) -> dict:
     """Train one model (teacher | student | separate | pooled | mmoe | shared_bottom | gbdt |
     gbdt_cell, optionally 'kind@tag'). `teacher_scores`: parquet of example_id + p_<objective>
     (distillation). The LightGBM baselines go to lattice.training.gbdt_stage before any torch
@@ -48,7 +49,10 @@ def train(config: PlatformConfig, paths: Paths, model: str = "teacher", nproc: i
     `node_rank` (scale-out profile, a real cluster): start only this node's torchrun; node 0's
     result is the summary, other nodes return {"node_rank": i}. `resume_hint`: the command a
     failed run names to resume (the CLI passes its own; default: built from the arguments).
-    A rank that dies raises `launch.RankFailed`, naming the rank, its node and that command."""
+    A rank that dies raises `launch.RankFailed`, naming the rank, its node and that command.
+    `end` (alias `data_end`: Airflow's data_interval_end): the run's interval end, exclusive, as
+    YYYY-MM-DD; with `training.window` the window ends there (default: the table's latest day + 1).
+    `warm_start`: none | last | champion, overriding `training.warm_start` (lattice.training.warm_start)."""
     if kind_of(model) in GBDT_KINDS:
         if validation_only:
             raise ValueError(f"{model!r} is a LightGBM baseline: validation_only (lattice tune) covers the deep models")
@@ -61,18 +65,62 @@ def train(config: PlatformConfig, paths: Paths, model: str = "teacher", nproc: i
     table = find_table(paths)
     out = paths.model_dir(model)
     out.mkdir(parents=True, exist_ok=True)
+    from lattice.data.window import resolve as resolve_window
+    from lattice.training import lineage, warm_start as ws
+
+    window = resolve_window(config, table, end or data_end)
+    mode = warm_start or config.training.warm_start
+    # a resume keeps the parent found when the run started (it is in <model dir>/parent/ by then)
+    parent = ws.find_parent(config, paths, model, mode) if mode != "none" else None
+    if mode != "none" and parent is None:
+        logging.getLogger(__name__).info("warm start %s: no parent model yet; %s trains from scratch", mode, model)
+    if not resume:
+        (out / "warm_maps.pt").unlink(missing_ok=True)  # a previous warm start's refit, never this run's
+    days = window.splits(parent.days_seen if parent else (), config.training.replay if parent else 0.0) if window else None
+    if days is not None and not any(s == "train" for s in days.days.values()) and not days.replay:
+        raise ws.WarmStartError(f"nothing to train {model!r} on: its parent has trained on every train day of the window "
+                         f"{window.train[0]}..{window.train[-1]} and training.replay is 0; move the interval end "
+                         "(`end`) past the parent's days, set training.replay, or warm_start: none")
+    run_lineage = lineage.build(mode, parent.to_json() if parent else None, window, days)
     if teacher_scores is not None and not Path(teacher_scores).exists():
         raise FileNotFoundError(f"teacher scores {teacher_scores} do not exist; make them with "
                                 f"lattice.training.stages.score(config, paths, 'teacher')")
     if resume:
         checkpoint.check_resumable(out / "checkpoint", model)
-    elif not node_rank:  # node 0 (or the only one) owns the folder; other nodes may share it
+    stats_path = out / "dense_stats.json"
+    if parent is not None and not resume:
+        import torch
+
+        blob = torch.load(parent.folder / "model.pt", map_location="cpu", weights_only=False)
+        if config.training.warm_dense_stats == "keep":
+            # the parent's layers learned on these z-scores (lattice.training.warm_start)
+            from lattice.data.transforms import DenseStats
+
+            DenseStats.from_json(blob["dense_stats"]).save(stats_path)
+        else:
+            fit_dense_stats(config, table, days).save(stats_path)
+        maps = blob.get("hashing") or {}
+        if maps:
+            from lattice.hashing.refit import refit
+
+            maps = refit(config, maps, table, days)
+            torch.save(maps, out / "warm_maps.pt")
+        # refused here, before the parent is moved: a refused run leaves the model folder as it was
+        from lattice.data.transforms import DenseStats
+        from lattice.models import build_model
+
+        grown = ws.grown_tables(blob.get("hashing") or {}, maps)
+        plain = build_model(config, kind_of(model), len(DenseStats.load(stats_path).columns), fitted=maps or None)
+        ws.check_compatible(plain, blob, config, kind_of(model), grown)
+        if not node_rank:
+            ws.set_aside(parent, out)
+    elif not (resume and stats_path.exists()):
+        fit_dense_stats(config, table, days).save(stats_path)
+    # after the parent (and its checkpoint: the optimizer state) was set aside
+    if not resume and not node_rank:  # node 0 (or the only one) owns the folder; other nodes may share it
         shutil.rmtree(out / "checkpoint", ignore_errors=True)
     for stale in ("summary.json",):
         (out / stale).unlink(missing_ok=True)
-    stats_path = out / "dense_stats.json"
-    if not (resume and stats_path.exists()):
-        fit_dense_stats(config, table).save(stats_path)
     lay = launch.layout(config, nproc, run_id=re.sub(r"[^A-Za-z0-9_-]", "-", f"lattice-{config.name}-{model}"))
     spec = RunSpec(
         config=config.model_dump(mode="json"), workdir=str(paths.workdir), data_root=str(paths.data_root), model=model,
@@ -80,6 +128,9 @@ def train(config: PlatformConfig, paths: Paths, model: str = "teacher", nproc: i
         teacher_scores=str(Path(teacher_scores).resolve()) if teacher_scores else None,
         checkpoint_every=config.training.checkpoint_every if checkpoint_every is None else checkpoint_every,
         stop_after=stop_after, resume=resume, progress=progress, validation_only=validation_only,
+        days=days.to_json() if days is not None else None, parent=str(parent.folder) if parent else None,
+        fitted=str(out / "warm_maps.pt") if parent is not None and (out / "warm_maps.pt").exists() else None,
+        lineage=run_lineage,
     )
     spec_path = spec.save(out / "run_spec.json")
     started = time.perf_counter()
@@ -98,6 +149,12 @@ def train(config: PlatformConfig, paths: Paths, model: str = "teacher", nproc: i
         if not (out / "summary.json").exists():
             return {"interrupted": True, "model": model}
     summary = json.loads((out / "summary.json").read_text())
+    summary["lineage"] = run_lineage
+    # the parent was needed while the run could fail or resume; its checksum is in the lineage,
+    # and a registered copy of this folder should not carry a second model
+    if (out / "model.pt").exists():  # (a `lattice tune` trial writes none: its parent stays the model)
+        shutil.rmtree(out / ws.PARENT, ignore_errors=True)
+    (out / "warm_maps.pt").unlink(missing_ok=True)
     summary["seconds"] = time.perf_counter() - started
     summary["model_dir"] = str(out)
     return summary
@@ -138,7 +195,12 @@ def score(config: PlatformConfig, paths: Paths, model: str, split: str = "all", 
     # (Spark's py4j in the demo and the tests, Airflow's task runner), and a DataLoader worker
     # forked from such a process once hung in CI on a lock copied mid-use. It costs nothing here:
     # 1M test rows of the 10M set scored in 17.0-17.4 s in-line, 18.3-19.0 s with one worker.
-    loader = BatchLoader(config, find_table(paths), net.dense_stats, split, shuffle=False, batch_size=8192, num_workers=0)
+    from lattice.data.window import DaySplits
+
+    # a windowed model's splits are its run's days (its lineage), not the table's stored column
+    days = DaySplits.from_json(((net.meta or {}).get("lineage") or {}).get("splits"))
+    loader = BatchLoader(config, find_table(paths), net.dense_stats, split, shuffle=False, batch_size=8192, num_workers=0,
+                         days=days)
     frames = []
     for batch in progress_bar(loader, desc=f"score {model} ({split})", unit="batch", enabled=progress):
         probs = predict(net, batch)

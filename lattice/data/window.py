@@ -1,0 +1,149 @@
+"""The training window: which days of the example table a run trains, validates and is tested on.
+
+With `training.window: Nd` a run trains on the N days that end at its interval end `end`
+(exclusive): days end-N .. end-2 are the train split, the newest day end-1 is the validation split
+and the day after the window, `end`, is the test split (a model is judged on a day it has never
+seen). The decision is a function of the `date` each example is stored with (the table's
+partition column, written once by the feature stage) and the run's window, so every reader of one
+run (trainer, scorer, gate) takes the same rows; it overrides the stored `split` column for that run.
+
+A warm-started run narrows the train days to those its parent has not trained on, plus a
+`replay` share of the older ones chosen by a hash of the example id (the same rows every run).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable
+
+import numpy as np
+
+from lattice.config import PlatformConfig
+
+_DAYS = re.compile(r"^([1-9][0-9]*)d$")
+
+
+def window_days(text: str) -> int:
+    m = _DAYS.match(text)
+    if not m:
+        raise ValueError(f"training.window {text!r}: give a whole number of days such as '14d'")
+    return int(m.group(1))
+
+
+def as_date(value: str | dt.date | dt.datetime) -> dt.date:
+    if isinstance(value, dt.datetime):
+        return value.date()
+    if isinstance(value, dt.date):
+        return value
+    try:
+        return dt.date.fromisoformat(str(value)[:10])
+    except ValueError:
+        raise ValueError(f"end {value!r}: give a date as YYYY-MM-DD (the run's interval end, exclusive)") from None
+
+
+@dataclass
+class DaySplits:
+    """date (YYYY-MM-DD) -> split for one run; `replay`: older train days kept at `replay_share`."""
+
+    days: dict[str, str]
+    replay: list[str] = field(default_factory=list)
+    replay_share: float = 0.0
+
+    def split_of(self, dates: Iterable[str], example_ids: Iterable[str] | None, split: str) -> np.ndarray:
+        """Boolean mask of the rows of `split` ("all": every row of the window and its test day)."""
+        dates = np.asarray(list(dates), dtype=object)
+        values = np.array([self.days.get(d, "") for d in dates.tolist()], dtype=object)
+        keep = values != "" if split == "all" else values == split
+        if self.replay and split in ("train", "all") and self.replay_share > 0:
+            from lattice.data.split import hash_fraction
+
+            old = np.isin(dates, self.replay)
+            if old.any():
+                ids = np.asarray(list(example_ids), dtype=object)
+                chosen = np.zeros(len(dates), bool)
+                chosen[old] = hash_fraction(ids[old].tolist()) < self.replay_share
+                keep |= chosen
+        return keep
+
+    def wanted(self, date: str) -> bool:
+        return date in self.days or date in self.replay
+
+    def to_json(self) -> dict:
+        return {"days": self.days, "replay": self.replay, "replay_share": self.replay_share}
+
+    @classmethod
+    def from_json(cls, d: dict | None) -> "DaySplits | None":
+        return None if d is None else cls(dict(d["days"]), list(d.get("replay", [])), float(d.get("replay_share", 0.0)))
+
+
+@dataclass(frozen=True)
+class TrainWindow:
+    """One run's days: `train` (oldest first), `validation` (the window's newest day), `test` (the
+    day after the window), and `end`, the interval end the window was cut at (exclusive)."""
+
+    train: tuple[str, ...]
+    validation: str
+    test: str
+    end: str
+
+    @property
+    def days(self) -> list[str]:
+        """The window's days, oldest first (train days and the validation day)."""
+        return [*self.train, self.validation]
+
+    def splits(self, trained_before: Iterable[str] = (), replay_share: float = 0.0) -> DaySplits:
+        """The run's day -> split map; days in `trained_before` (a warm start's parent already
+        trained on them) leave the train split, except a `replay_share` of their rows."""
+        seen = set(trained_before)
+        days = {d: "train" for d in self.train if d not in seen}
+        days[self.validation] = "validation"
+        days[self.test] = "test"
+        replay = [d for d in self.train if d in seen] if replay_share > 0 else []
+        return DaySplits(days, replay, replay_share)
+
+    def to_json(self) -> dict:
+        return {"train": list(self.train), "validation": self.validation, "test": self.test, "end": self.end}
+
+
+def latest_date(table: Path) -> dt.date:
+    """The newest event date of the table: from its `date=` partition folders, else its rows."""
+    parts = sorted({p.name.split("=", 1)[1] for p in Path(table).rglob("date=*") if p.is_dir()})
+    if parts:
+        return as_date(parts[-1])
+    import pyarrow.dataset as ds
+
+    t = ds.dataset(str(table), format="parquet", partitioning="hive").to_table(columns=["event_timestamp"])
+    if t.num_rows == 0:
+        raise ValueError(f"the example table {table} holds no rows: there is no latest day to end a window at")
+    import pyarrow.compute as pc
+
+    return as_date(pc.max(t.column("event_timestamp")).as_py())
+
+
+def resolve(config: PlatformConfig, table: Path, end: str | dt.date | None = None) -> TrainWindow | None:
+    """The run's window (None without `training.window`). `end`: the interval end (exclusive),
+    default the table's latest event date + 1 day, whose test day is then still in the future."""
+    if config.training.window is None:
+        return None
+    n = window_days(config.training.window)
+    if n < 2:
+        raise ValueError(f"training.window {config.training.window!r}: a window needs at least 2 days "
+                         "(the newest is held out for validation); use '2d' or more")
+    stop = as_date(end) if end is not None else latest_date(table) + dt.timedelta(days=1)
+    days = [(stop - dt.timedelta(days=n - i)).isoformat() for i in range(n)]
+    return TrainWindow(tuple(days[:-1]), days[-1], stop.isoformat(), stop.isoformat())
+
+
+def row_dates(tbl, partition: dict[str, str]) -> list[str]:
+    """Each row's stored date (YYYY-MM-DD): its `date` partition, its `date` column, or its event time."""
+    if "date" in partition:
+        return [partition["date"]] * tbl.num_rows
+    if "date" in tbl.column_names:
+        return [str(v)[:10] for v in tbl.column("date").to_pylist()]
+    if "event_timestamp" in tbl.column_names:
+        return [v.date().isoformat() if v is not None else "" for v in tbl.column("event_timestamp").to_pylist()]
+    raise ValueError("a windowed run (training.window) needs each example's date: the table has no `date` "
+                     "partition or column and no `event_timestamp`; rebuild it with `lattice features CONFIG`")
