@@ -45,7 +45,13 @@ def _times(source: Source, df: pd.DataFrame) -> pd.Series:
         return pd.Series(pd.Timestamp(et.value, tz="UTC"), index=df.index)
     col = df[et.column]
     if et.format in ("unix_seconds", "unix_millis"):
-        return pd.to_datetime(pd.to_numeric(col), unit="s" if et.format == "unix_seconds" else "ms", utc=True)
+        # missing times (a label time on a row without the event) stay NaT; they are left out of
+        # the conversion, where pandas' int64 path can overflow on a NaN and raise
+        num = pd.to_numeric(col)
+        out = pd.Series(pd.NaT, index=df.index, dtype="datetime64[ns, UTC]")
+        ok = num.notna()
+        out[ok] = pd.to_datetime(num[ok], unit="s" if et.format == "unix_seconds" else "ms", utc=True)
+        return out
     if et.format == "iso":
         return pd.to_datetime(col, utc=True)
     fmt = _STRPTIME.get(et.format)
