@@ -126,9 +126,13 @@ def test_download_verifies_every_file_and_never_trusts_a_changed_cache_entry(con
     register(config, paths, "student")
     reg = ModelRegistry(config, paths)
     v = reg.by_alias(CHALLENGER)
-    registered = manifest(paths.model_dir("student"))
+    own = manifest(paths.model_dir("student"))
+    registered = json.loads(Path(reg.client.download_artifacts(v.run_id, MANIFEST_FILE, str(tmp_path))).read_text())
     assert v.tags[MANIFEST_TAG] == manifest_digest(registered)
-    assert json.loads(Path(reg.client.download_artifacts(v.run_id, MANIFEST_FILE, str(tmp_path))).read_text()) == registered
+    # the model's own files, as they were, plus the pyfunc flavour's (lattice.registry.pyfunc)
+    assert {k: registered[k] for k in own} == own
+    assert set(registered) - set(own) == {"MLmodel", "pyfunc_entry.py", "artifacts/lattice_pyfunc.json", "conda.yaml",
+                                          "python_env.yaml", "requirements.txt"}
 
     local = reg.download(v)
     assert v.tags[MANIFEST_TAG] in str(local)  # keyed by content, not by (name, version)
@@ -162,7 +166,7 @@ def test_registration_verifies_the_stored_copy(config, tmp_path, monkeypatch):
 
     def corrupting(self, run_id, local_dir, artifact_path=None):
         real(self, run_id, local_dir, artifact_path)
-        if artifact_path == "model":  # the store mangles the upload
+        if artifact_path == "model" and Path(local_dir) == paths.model_dir("student"):  # the store mangles the upload
             uri = self.get_run(run_id).info.artifact_uri
             _flip(Path(uri.removeprefix("file://")) / "model" / "export" / "model.pt")
 
