@@ -77,6 +77,8 @@ def test_feature_service_name(demo):
 
     assert feature_service_name(demo) == "demo_v1"
     assert feature_service_name(demo, 3) == "demo_v3"
+    assert feature_service_name(demo, 3, "student@noteacher") == "demo_v3"  # every student is a version of one model
+    assert feature_service_name(demo, 2, "teacher") == "demo_teacher_v2"  # teachers count their own versions
     with pytest.raises(ValueError):
         feature_service_name(demo, 0)
 

@@ -45,7 +45,7 @@ def test_register_promote_rollback(config, tmp_path):
     v1 = reg.by_alias(CHALLENGER)
     assert v1 is not None and v1.version == s1["version"] == 1
     assert v1.tags["lattice.checksum"] == sha256_path(paths.model_dir("student") / "export")
-    assert v1.tags["lattice.feature_service"]
+    assert v1.tags["lattice.feature_service"] == "demo_v1" and t["feature_service"] == "demo_teacher_v1"
     assert v1.tags["lattice.trained_at"] == "2026-01-15T00:00:00Z"
     run = reg.client.get_run(v1.run_id)
     assert run.data.metrics["cells.feed.click.ne"] == pytest.approx(0.81)
@@ -66,7 +66,12 @@ def test_register_promote_rollback(config, tmp_path):
     _fake_model(paths, "student", 0.79, b"student-2")
     register(config, paths, "student")
     v2 = reg.by_alias(CHALLENGER)
-    assert v2.version == 2
+    assert v2.version == 2 and v2.tags["lattice.feature_service"] == "demo_v2"
+    from features.store import get_store
+
+    services = {s.name: s for s in get_store(config, paths).list_feature_services()}
+    assert set(services) == {"demo_teacher_v1", "demo_v1", "demo_v2"}  # one per registered version
+    assert services["demo_v2"].tags == {"version": "2", "model": "student"}
     assert reg.promote(v2) == 1
     assert reg.champion_history() == [1, 2]
 
