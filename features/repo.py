@@ -107,10 +107,11 @@ def write_repo(config: PlatformConfig, paths: Paths) -> Path:
         "import os\n\n"
         "from lattice.config import load_config\n"
         "from lattice.paths import Paths\n"
-        "from features.repo import definitions\n\n"
+        "from features.repo import definitions, registered_services\n\n"
         f"_config = load_config(os.environ.get('LATTICE_CONFIG', {src!r}))\n"
         f"_paths = Paths.for_config(_config, {str(paths.workdir)!r})\n"
-        "for _i, _obj in enumerate(definitions(_config, _paths)):\n"
+        "# the model versions' services too: `feast apply` removes what the repo does not declare\n"
+        "for _i, _obj in enumerate([*definitions(_config, _paths), *registered_services(_paths)]):\n"
         "    globals()[f'obj_{_i}'] = _obj\n")
     return repo
 
@@ -169,6 +170,18 @@ def feature_service(config: PlatformConfig, paths: Paths, version: int = 1, view
 def definitions(config: PlatformConfig, paths: Paths) -> list:
     """Entities and feature views; the feature services come with the model versions (`apply_feature_service`)."""
     return [*entities(config).values(), *feature_views(config, paths)]
+
+
+def registered_services(paths: Paths) -> list:
+    """The FeatureServices the register stage applied (none before the store exists)."""
+    if not (paths.feast_repo / "feature_store.yaml").is_file():
+        return []
+    from feast import FeatureStore
+
+    try:
+        return list(FeatureStore(repo_path=str(paths.feast_repo)).list_feature_services())
+    except Exception:  # no registry yet: nothing was registered
+        return []
 
 
 def apply_feature_service(config: PlatformConfig, paths: Paths, store, version: int, model: str = SERVABLE) -> str:

@@ -62,3 +62,18 @@ def test_serving_looks_up_the_service_of_the_version_it_serves(applied):
     store.apply([FeatureService(name="demo_v9", features=[first])])  # a version trained on fewer features
     with pytest.raises(LookupError, match="demo_v9"):
         online.check_service("demo_v9", "demo_ranker v9")
+
+
+def test_the_repo_file_for_the_feast_cli_declares_the_versions_services(applied, monkeypatch):
+    """`feast apply` in the repo deletes what definitions.py does not declare: the services of
+    registered versions must be in it."""
+    import runpy
+
+    config, paths, names = applied
+    monkeypatch.setenv("LATTICE_CONFIG", str(ROOT / "configs" / "demo.yaml"))
+    declared = runpy.run_path(str(paths.feast_repo / "definitions.py"))
+    services = sorted(o.name for k, o in declared.items() if k.startswith("obj_") and type(o).__name__ == "FeatureService")
+    from features.store import get_store
+
+    assert services == sorted(s.name for s in get_store(config, paths).list_feature_services())
+    assert set(names) <= set(services)  # (another test here may have added one)

@@ -100,9 +100,10 @@ def test_feature_store_yaml_sqlite_redis_spark(tmp_path, demo):
 
 
 def test_feast_objects_built_from_config(tmp_path, demo):
-    from features.repo import definitions
+    from features.repo import definitions, feature_service
 
-    objs = definitions(demo, Paths(workdir=tmp_path, data_root=tmp_path), version=2)
+    paths = Paths(workdir=tmp_path, data_root=tmp_path)
+    objs = [*definitions(demo, paths), feature_service(demo, paths, 2)]  # the service comes with a model version
     names = {type(o).__name__: [] for o in objs}
     for o in objs:
         names[type(o).__name__].append(o.name)
