@@ -283,3 +283,22 @@ def test_the_cache_keeps_what_fits_and_reads_the_rest(table, reads) -> None:
     assert BatchLoader(off, root, stats, "train", cache=True).stream.cache_bytes == 0
     assert BatchLoader(cfg, root, stats, "train", num_workers=1, cache=True).stream.cache_bytes == 0  # workers end with the pass
     assert BatchLoader(cfg, root, stats, "test").stream.cache_bytes == 0  # one-pass readers keep nothing
+
+
+def test_hive_folders_are_parsed_by_pyarrow_dataset_and_stay_strings(tmp_path) -> None:
+    """Partition values as Spark writes them: URI-escaped, and `007` stays `007` (not the int 7)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from lattice.data.loader import scan_units, table_columns
+
+    for folder in ("date=2026-01-01/domain=feed/shard=007", "date=2026-01-02/domain=web%20search/shard=010"):
+        (tmp_path / folder).mkdir(parents=True)
+        pq.write_table(pa.table({"x": [1, 2]}), tmp_path / folder / "part-0.parquet")
+    (tmp_path / "_SUCCESS").write_text("")
+    units = scan_units(tmp_path)
+    assert [u.partition for u in units] == [
+        (("date", "2026-01-01"), ("domain", "feed"), ("shard", "007")),
+        (("date", "2026-01-02"), ("domain", "web search"), ("shard", "010")),
+    ]
+    assert table_columns(tmp_path) == {"x", "date", "domain", "shard"}
