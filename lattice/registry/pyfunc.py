@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import tempfile
+import warnings
 from importlib import metadata
 from pathlib import Path
 import mlflow.pyfunc
@@ -71,43 +72,48 @@ def _as_text(frame: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-class LatticePyfunc(mlflow.pyfunc.PythonModel):
-    """Loads the registered folder's artifact (export/ when exported, else the trained model.pt)."""
+# MLflow warns, when the class is defined, that `predict` has no type hints; the input is one
+# source's raw columns, which differ per config, so there is no schema to hint
+with warnings.catch_warnings():
+    warnings.filterwarnings("ignore", message=".*type hints.*")
 
-    def load_context(self, context) -> None:
-        from lattice.paths import Paths
+    class LatticePyfunc(mlflow.pyfunc.PythonModel):
+        """Loads the registered folder's artifact (export/ when exported, else the trained model.pt)."""
 
-        folder = Path(context.artifacts["lattice"]).resolve().parent.parent
-        if not (folder / "MLmodel").is_file():
-            raise FileNotFoundError(f"{folder} is not the registered model folder (no MLmodel beside artifacts/{MARKER})")
-        self.folder = folder
-        self.score, self.config = _load_scorer(folder)
-        config = dict(context.model_config or {})
-        self.paths = Paths.for_config(self.config, config.get("workdir"))
+        def load_context(self, context) -> None:
+            from lattice.paths import Paths
 
-    def predict(self, context, model_input, params=None):  # no type hints: MLflow would try to infer a schema from them
-        from lattice.config.schema import Source
-        from lattice.scoring.batch import score_rows
-        from pipelines.score_input import parse_input
+            folder = Path(context.artifacts["lattice"]).resolve().parent.parent
+            if not (folder / "MLmodel").is_file():
+                raise FileNotFoundError(f"{folder} is not the registered model folder (no MLmodel beside artifacts/{MARKER})")
+            self.folder = folder
+            self.score, self.config = _load_scorer(folder)
+            config = dict(context.model_config or {})
+            self.paths = Paths.for_config(self.config, config.get("workdir"))
 
-        if not isinstance(model_input, pd.DataFrame):
-            raise TypeError(f"predict takes a pandas DataFrame of raw rows, got {type(model_input).__name__}")
-        source = (params or {}).get("source")
-        # the rows go to the feature stage as a parquet file of text columns: every source's mapping reads it
-        config = self.config.model_copy(update={"sources": [
-            Source.model_validate({**s.model_dump(), "format": "parquet"}) for s in self.config.sources]})
-        with tempfile.TemporaryDirectory() as tmp:
-            file = Path(tmp) / "rows.parquet"
-            _as_text(model_input).to_parquet(file, index=False)
-            good, bad, _ = parse_input(config, str(file), source)
-        out = score_rows(self.config, self.paths, good, self.score)
-        out["quarantine_reason"] = pd.Series([None] * len(out), dtype="string", index=out.index)
-        if len(bad):
-            rejected = bad.rename(columns={"reason": "quarantine_reason"})
-            for o in self.config.objective_names:
-                rejected[f"p_{o}"] = np.nan
-            out = pd.concat([out, rejected[[c for c in rejected.columns if c in out.columns]]], ignore_index=True)
-        return out.reset_index(drop=True)
+        def predict(self, context, model_input, params=None):
+            from lattice.config.schema import Source
+            from lattice.scoring.batch import score_rows
+            from pipelines.score_input import parse_input
+
+            if not isinstance(model_input, pd.DataFrame):
+                raise TypeError(f"predict takes a pandas DataFrame of raw rows, got {type(model_input).__name__}")
+            source = (params or {}).get("source")
+            # the rows go to the feature stage as a parquet file of text columns: every source's mapping reads it
+            config = self.config.model_copy(update={"sources": [
+                Source.model_validate({**s.model_dump(), "format": "parquet"}) for s in self.config.sources]})
+            with tempfile.TemporaryDirectory() as tmp:
+                file = Path(tmp) / "rows.parquet"
+                _as_text(model_input).to_parquet(file, index=False)
+                good, bad, _ = parse_input(config, str(file), source)
+            out = score_rows(self.config, self.paths, good, self.score)
+            out["quarantine_reason"] = pd.Series([None] * len(out), dtype="string", index=out.index)
+            if len(bad):
+                rejected = bad.rename(columns={"reason": "quarantine_reason"})
+                for o in self.config.objective_names:
+                    rejected[f"p_{o}"] = np.nan
+                out = pd.concat([out, rejected[[c for c in rejected.columns if c in out.columns]]], ignore_index=True)
+            return out.reset_index(drop=True)
 
 
 def _load_scorer(folder: Path):
