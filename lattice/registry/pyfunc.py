@@ -46,6 +46,15 @@ def _requirements() -> list[str]:
     return out
 
 
+def _signature():
+    """No input schema (each source has its own raw columns); the one inference parameter,
+    `source`, declared: MLflow drops params a signature does not declare."""
+    from mlflow.models import ModelSignature
+    from mlflow.types.schema import ParamSchema, ParamSpec
+
+    return ModelSignature(inputs=None, params=ParamSchema([ParamSpec("source", "string", "")]))
+
+
 def save_flavour(dest: Path, model: str, workdir: Path) -> Path:
     """Write the pyfunc files for `model` into `dest` (an empty folder) and return it; the registry
     logs them into the version's `model/` folder beside the model's files."""
@@ -53,7 +62,7 @@ def save_flavour(dest: Path, model: str, workdir: Path) -> Path:
         marker = Path(tmp) / MARKER
         marker.write_text(json.dumps({"model": model, "input": "raw rows of one source (its own column names)"}))
         mlflow.pyfunc.save_model(
-            path=str(dest), python_model=str(ENTRY), artifacts={"lattice": str(marker)},
+            path=str(dest), python_model=str(ENTRY), artifacts={"lattice": str(marker)}, signature=_signature(),
             model_config={"workdir": str(workdir)}, pip_requirements=_requirements(),
         )
     return dest
@@ -98,7 +107,7 @@ with warnings.catch_warnings():
 
             if not isinstance(model_input, pd.DataFrame):
                 raise TypeError(f"predict takes a pandas DataFrame of raw rows, got {type(model_input).__name__}")
-            source = (params or {}).get("source")
+            source = (params or {}).get("source") or None  # "": the one source that fits the columns
             # the rows go to the feature stage as a parquet file of text columns: every source's mapping reads it
             config = self.config.model_copy(update={"sources": [
                 Source.model_validate({**s.model_dump(), "format": "parquet"}) for s in self.config.sources]})

@@ -69,3 +69,7 @@ def test_pyfunc_of_the_champion_scores_raw_rows_like_lattice_predict(champion, t
         # summation order could differ, so far below any score difference that matters
         np.testing.assert_allclose(scored[f"p_{o}"].to_numpy(), want[f"p_{o}"].to_numpy(), atol=1e-6, rtol=0)
     assert want[f"p_{config.objective_names[0]}"].std() > 0  # the scores vary: equal scores are not constants
+
+    # `params` reach the model (MLflow drops params a signature does not declare)
+    with pytest.raises(Exception, match="unknown source 'no_such_log'"):
+        model.predict(pd.DataFrame(rows[:3]), params={"source": "no_such_log"})
