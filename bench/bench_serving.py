@@ -266,29 +266,25 @@ def pad_sqlite(config, paths, n: int) -> None:
 
 
 def pad_redis(config, paths, n: int, endpoint: dict) -> None:
-    """The same padding in Feast's Redis layout, written as pipelined HSETs on one socket."""
-    import socket
+    """The same padding in Feast's Redis layout, written as pipelined HSETs (redis-py)."""
+    import redis
 
     from features.store import get_store
-    from feast.infra.online_stores.helpers import _mmh3
-    from lattice.serving.feast_keys import encode_keys, key_template
-    from lattice.serving.redis_online import _command
+    from lattice.serving.feast_keys import encode_keys, field_key, key_template
 
     store = get_store(config, paths)
     project = store.config.project.encode()
-    sock = socket.create_connection((endpoint["host"], endpoint["port"]), timeout=60)
-    sock.sendall(_command(b"AUTH", endpoint["password"].encode()))
-    assert sock.recv(100).startswith(b"+OK")
+    client = redis.Redis(host=endpoint["host"], port=endpoint["port"], password=endpoint["password"], socket_timeout=60)
     for view, blobs in _padding_values(config, store):
         key = view.join_keys[0]
-        fields = [x for f, b in blobs.items() for x in (_mmh3(f"{view.name}:{f}"), b)]
+        mapping = {field_key(view.name, f): b for f, b in blobs.items()}
         for lo in range(0, n, 20_000):
             keys = encode_keys(key, list(range(PAD_BASE + lo, PAD_BASE + min(n, lo + 20_000))), 3, key_template(key, 3))
-            sock.sendall(b"".join(_command(b"HSET", k + project, *fields) for k in keys))
-            got = 0
-            while got < len(keys):  # one ":<n>\r\n" line per HSET
-                got += sock.recv(1 << 20).count(b"\n")
-    sock.close()
+            pipe = client.pipeline(transaction=False)
+            for k in keys:
+                pipe.hset(k + project, mapping=mapping)
+            pipe.execute()
+    client.close()
 
 
 PAD_BASE = 7 * 10**15  # far from the hashed ids the requests carry

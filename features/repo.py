@@ -21,11 +21,26 @@ SPARK_CONF = {
 }
 
 
-def feature_service_name(config: PlatformConfig, version: int = 1) -> str:
-    """The FeatureService a model version trains and serves with (registry entries record it)."""
+SERVABLE = "student"
+
+
+def feature_service_name(config: PlatformConfig, version: int = 1, model: str = SERVABLE) -> str:
+    """The FeatureService of one registered model version: `<config>_v<N>` for version N of the
+    served (student) model, `<config>_<kind>_v<N>` for a teacher's or baseline's own versions
+    (their version numbers count separately). The register stage applies it and records the
+    name on the version; serving looks up the one of the version it serves."""
     if version < 1:
         raise ValueError(f"model versions start at 1, got {version}")
-    return f"{config.name}_v{version}"
+    kind = model.split("@")[0].split(":")[0]
+    return f"{config.name}_v{version}" if kind == SERVABLE else f"{config.name}_{kind}_v{version}"
+
+
+def feature_refs(config: PlatformConfig) -> list[str]:
+    """`view:feature` of every aggregate column: what a training set is built from before any
+    model version (and so its service) exists."""
+    from pipelines.aggregates import feature_columns
+
+    return [f"{a.name}:{c}" for a in config.features.aggregates for c, _ in feature_columns(a)]
 
 
 def project_name(config: PlatformConfig) -> str:
@@ -92,10 +107,11 @@ def write_repo(config: PlatformConfig, paths: Paths) -> Path:
         "import os\n\n"
         "from lattice.config import load_config\n"
         "from lattice.paths import Paths\n"
-        "from features.repo import definitions\n\n"
+        "from features.repo import definitions, registered_services\n\n"
         f"_config = load_config(os.environ.get('LATTICE_CONFIG', {src!r}))\n"
         f"_paths = Paths.for_config(_config, {str(paths.workdir)!r})\n"
-        "for _i, _obj in enumerate(definitions(_config, _paths)):\n"
+        "# the model versions' services too: `feast apply` removes what the repo does not declare\n"
+        "for _i, _obj in enumerate([*definitions(_config, _paths), *registered_services(_paths)]):\n"
         "    globals()[f'obj_{_i}'] = _obj\n")
     return repo
 
@@ -143,13 +159,34 @@ def feature_views(config: PlatformConfig, paths: Paths) -> list:
     return views
 
 
-def feature_service(config: PlatformConfig, paths: Paths, version: int = 1, views: list | None = None):
+def feature_service(config: PlatformConfig, paths: Paths, version: int = 1, views: list | None = None, model: str = SERVABLE):
     from feast import FeatureService
 
-    return FeatureService(name=feature_service_name(config, version), features=views if views is not None else feature_views(config, paths),
-                          description=f"features of model version {version} of {config.name}", tags={"version": str(version)})
+    return FeatureService(name=feature_service_name(config, version, model), features=views if views is not None else feature_views(config, paths),
+                          description=f"features of {model} version {version} of {config.name}",
+                          tags={"version": str(version), "model": model})
 
 
-def definitions(config: PlatformConfig, paths: Paths, version: int = 1) -> list:
-    views = feature_views(config, paths)
-    return [*entities(config).values(), *views, feature_service(config, paths, version, views)]
+def definitions(config: PlatformConfig, paths: Paths) -> list:
+    """Entities and feature views; the feature services come with the model versions (`apply_feature_service`)."""
+    return [*entities(config).values(), *feature_views(config, paths)]
+
+
+def registered_services(paths: Paths) -> list:
+    """The FeatureServices the register stage applied (none before the store exists)."""
+    if not (paths.feast_repo / "feature_store.yaml").is_file():
+        return []
+    from feast import FeatureStore
+
+    try:
+        return list(FeatureStore(repo_path=str(paths.feast_repo)).list_feature_services())
+    except Exception:  # no registry yet: nothing was registered
+        return []
+
+
+def apply_feature_service(config: PlatformConfig, paths: Paths, store, version: int, model: str = SERVABLE) -> str:
+    """Apply the FeatureService of registered `model` version `version` (the config's feature
+    views: what the model was trained on) to `store`; returns its name."""
+    service = feature_service(config, paths, version, model=model)
+    store.apply([service])  # partial: the other objects stay
+    return service.name

@@ -19,7 +19,7 @@ from lattice.config import PlatformConfig
 from lattice.data import schema as S
 from lattice.paths import Paths
 
-from features.repo import definitions, feature_service_name, write_repo
+from features.repo import definitions, feature_refs, write_repo
 from features.store import get_store
 from pipelines.aggregates import aggregate_path, entity_column, feature_columns
 from pipelines.consolidate import run_window
@@ -27,18 +27,19 @@ from pipelines.spark import get_spark
 
 
 def feast_apply(config: PlatformConfig, paths: Paths, start: str | None = None, end: str | None = None,
-                domains: list[str] | None = None, master: str | None = None, version: int = 1) -> dict:
+                domains: list[str] | None = None, master: str | None = None) -> dict:
+    """Entities and feature views; each registered model version adds its own FeatureService
+    (`lattice.registry.stages.register`)."""
     t0 = time.perf_counter()
     write_repo(config, paths)
     store = get_store(config, paths)
-    objs = definitions(config, paths, version)
+    objs = definitions(config, paths)
     store.apply(objs)
     return {
         "stage": "feast_apply", "repo": str(paths.feast_repo), "project": store.project,
         "entities": [e.name for e in store.list_entities()],
         "feature_views": [v.name for v in store.list_feature_views()],
         "feature_services": sorted(s.name for s in store.list_feature_services()),
-        "feature_service": feature_service_name(config, version),
         "online_store": config.feature_store.online_store, "offline_store": config.feature_store.offline_store,
         "timings": {"total": round(time.perf_counter() - t0, 3)},
     }
@@ -50,7 +51,7 @@ def _join_keys(config: PlatformConfig) -> list[str]:
 
 
 def build_training_set(config: PlatformConfig, paths: Paths, start: str | None = None, end: str | None = None,
-                       domains: list[str] | None = None, master: str | None = None, version: int = 1,
+                       domains: list[str] | None = None, master: str | None = None,
                        check_rows: int | None = None) -> dict:
     """Consolidated rows ⋈ aggregate features, point-in-time, as parquet in `paths.training_set`.
 
@@ -61,7 +62,7 @@ def build_training_set(config: PlatformConfig, paths: Paths, start: str | None =
     instant of every event of the entity (`pipelines.aggregates`), so for an example that latest
     row is the one at exactly its own time: the bulk join is an equi-join on (entity, time), linear
     in rows. `get_historical_features` then scores a random sample of the examples through Feast
-    (the feature service of this model version) and the stage fails if any value differs.
+    (the config's feature views: the model version, and so its service, comes later) and the stage fails if any value differs.
     """
     from pyspark.sql import functions as F
 
@@ -97,11 +98,11 @@ def build_training_set(config: PlatformConfig, paths: Paths, start: str | None =
     check = {"rows": 0}
     if agg_cols and rows:
         t = time.perf_counter()
-        check = feast_cross_check(config, paths, version, config.feature_store.training_check_rows if check_rows is None else check_rows)
+        check = feast_cross_check(config, paths, config.feature_store.training_check_rows if check_rows is None else check_rows)
         timings["feast_check"] = time.perf_counter() - t
     timings["total"] = time.perf_counter() - t0
     return {"stage": "training_set", "rows": rows, "path": str(paths.training_set), "columns": cols,
-            "aggregate_columns": agg_cols, "feature_service": feature_service_name(config, version),
+            "aggregate_columns": agg_cols,
             "feast_check": check, "timings": {k: round(v, 3) for k, v in timings.items()}}
 
 
@@ -109,7 +110,7 @@ class TrainingSetMismatch(AssertionError):
     pass
 
 
-def feast_cross_check(config: PlatformConfig, paths: Paths, version: int, n: int) -> dict:
+def feast_cross_check(config: PlatformConfig, paths: Paths, n: int) -> dict:
     """`get_historical_features` (Feast, the configured offline store) for a random sample of
     training-set rows must return the very values the training set holds."""
     import numpy as np
@@ -127,7 +128,7 @@ def feast_cross_check(config: PlatformConfig, paths: Paths, version: int, n: int
         sample[k] = sample[k].fillna(-1).astype("int64")
     sample = sample.drop_duplicates([*keys, "event_timestamp"]).reset_index(drop=True)
     store = get_store(config, paths)
-    service = store.get_feature_service(feature_service_name(config, version))
+    service = feature_refs(config)
     entity_df = sample[[*keys, "event_timestamp"]]
     if config.feature_store.offline_store == "spark":
         spark = get_spark(config=config)

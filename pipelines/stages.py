@@ -84,7 +84,7 @@ def run_features(config: PlatformConfig, paths: Paths, start: str | None = None,
                "aggregates": str(paths.aggregates), "feast_repo": str(paths.feast_repo),
                "training_set": str(paths.training_set), "validation": str(paths.validation),
                "data_docs": cons["paths"]["data_docs"]},
-        feature_service=summary["stages"]["feast_apply"]["feature_service"],
+        feature_services=summary["stages"]["feast_apply"]["feature_services"],
         timings={name: summary["stages"][name]["seconds"] for name in summary["stages"]},
     )
     _write(paths, summary, t0)

@@ -18,7 +18,7 @@ def _stage_line(name: str, res: dict) -> str:
     elif name == "aggregates":
         extra = "  ".join(f"{k} {v['rows']:,} rows" for k, v in res["aggregates"].items()) or "no aggregates in the config"
     elif name == "feast_apply":
-        extra = f"{len(res['entities'])} entities, {len(res['feature_views'])} feature views, service {res['feature_service']}"
+        extra = f"{len(res['entities'])} entities, {len(res['feature_views'])} feature views, services {res['feature_services'] or 'none yet (one per registered model version)'}"
     elif name == "training_set":
         extra = f"{res['rows']:,} rows, {len(res['aggregate_columns'])} aggregate columns"
     else:
@@ -67,7 +67,7 @@ def _features(args: argparse.Namespace) -> int:
     if summary.get("split"):
         print(f"split: {summary['split'].get('rule')}")
     print(f"\ntraining set: {summary['paths']['training_set']} ({summary['counts']['training_set']:,} rows)")
-    print(f"feature service: {summary['feature_service']}   Data Docs: {summary['paths']['data_docs']}")
+    print(f"feature services: {', '.join(summary['feature_services']) or 'none yet (one per registered model version)'}   Data Docs: {summary['paths']['data_docs']}")
     print(f"summary: {summary_path(paths)}   ({time.perf_counter() - started:.1f}s)")
     return 0 if all(r["balanced"] for r in summary["reconciliation"]) else 1
 

@@ -12,7 +12,6 @@ function of (seed, epoch, rank, world_size, num_workers).
 from __future__ import annotations
 
 import datetime as dt
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -34,7 +33,6 @@ from lattice.data.transforms import DenseStats, StatsAccumulator, dense_spec
 from lattice.data.window import DaySplits, row_dates
 from lattice.paths import Paths
 
-_HIVE = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
 
 
 class NoTrainingData(FileNotFoundError):
@@ -60,12 +58,32 @@ class Unit:
     partition: tuple[tuple[str, str], ...]  # hive key=value pairs from the path
 
 
+def hive_partitions(root: Path, files: list[Path]) -> dict[str, tuple[tuple[str, str], ...]]:
+    """file -> its hive `key=value` folders under `root` (sorted by key), parsed by pyarrow.dataset
+    (values URI-decoded, as Spark escapes them). Every value is kept a string: type inference
+    would read `007` as 7."""
+    import pyarrow.dataset as ds
+
+    names = [str(f) for f in files]
+    found = ds.dataset(names, format="parquet", partitioning="hive", partition_base_dir=str(root))
+    # the keys' names only: the types discovery inferred are dropped below
+    keys = sorted({k for frag in found.get_fragments() for k in ds.get_partition_keys(frag.partition_expression)})
+    if not keys:
+        return {n: () for n in names}
+    text = ds.partitioning(pa.schema([(k, pa.string()) for k in keys]), flavor="hive")
+    out = {}
+    for frag in ds.dataset(names, format="parquet", partitioning=text, partition_base_dir=str(root)).get_fragments():
+        values = ds.get_partition_keys(frag.partition_expression)
+        out[frag.path] = tuple((k, values[k]) for k in keys if values.get(k) is not None)
+    return out
+
+
 def scan_units(root: Path) -> list[Unit]:
     files = [root] if root.is_file() else sorted(p for p in root.rglob("*.parquet") if not p.name.startswith((".", "_")))
+    parts = hive_partitions(root, files) if root.is_dir() and files else {}
     units = []
     for f in files:
-        rel = f.relative_to(root).parts[:-1] if root.is_dir() else ()
-        part = tuple((m.group(1), m.group(2)) for m in (_HIVE.match(s) for s in rel) if m)
+        part = parts.get(str(f), ())
         for rg in range(pq.ParquetFile(f).metadata.num_row_groups):
             units.append(Unit(str(f), rg, part))
     if not units:

@@ -91,7 +91,7 @@ def pipeline_section(summaries: dict[str, dict[str, Any]]) -> dict[str, Any]:
         counts["training_set"] = summaries["training_set"].get("rows")
     timings = {name: s.get("seconds") for name, s in summaries.items() if isinstance(s, dict)}
     return {"reconciliation": rec, "quarantine_reasons": cons.get("quarantine_reasons", {}), "counts": counts,
-            "timings": timings, "feature_service": (summaries.get("feast_apply") or {}).get("feature_service")}
+            "timings": timings, "feature_services": (summaries.get("feast_apply") or {}).get("feature_services")}
 
 
 def collect(config: PlatformConfig, paths: Paths) -> dict[str, Any]:

@@ -88,7 +88,7 @@ def _features(config: PlatformConfig) -> list[TaskSpec]:
                  forward=every, reads=("raw",), writes=("consolidated", "quarantine", "validation")),
         TaskSpec("aggregates", "aggregates", "Point-in-time entity aggregates over the consolidated examples.",
                  forward=every, reads=("consolidated",), writes=("aggregates",)),
-        TaskSpec("feast_apply", "feast_apply", "Register entities, feature views and the feature service in Feast.",
+        TaskSpec("feast_apply", "feast_apply", "Register the entities and feature views in Feast (each registered model version gets its own FeatureService at registration).",
                  forward=every, reads=("aggregates",), writes=("feast_repo",)),
         TaskSpec("training_set", "training_set",
                  "Point-in-time join of examples and Feast features into the training set.", forward=every,

@@ -224,12 +224,36 @@ class ModelRegistry:
         extras under their key); then a registered version whose source is `model/`.
         Returns the VersionInfo, or the run id when `register` is False.
 
-        Every file of `artifact_dir` is hashed first (the manifest, logged as `manifest.json`
+        `model/` also gets an MLflow pyfunc flavour (lattice.registry.pyfunc), so
+        `mlflow.pyfunc.load_model("models:/<name>@champion")` scores raw rows.
+
+        Every file of `model/` is hashed first (the manifest, logged as `manifest.json`
         beside `model/`); the stored copy is downloaded back and verified before the run is
         finished, so a version only ever names bytes that match its manifest."""
         files = manifest(artifact_dir)
         if not files:
             raise FileNotFoundError(f"nothing to register: {artifact_dir} has no files")
+        with tempfile.TemporaryDirectory() as tmp:
+            flavour = self._pyfunc_flavour(model, Path(tmp) / "pyfunc", files, artifact_dir)
+            files = {**files, **manifest(flavour)}
+            return self._log_model(model, artifact_dir, flavour, files, params=params, metrics=metrics, tags=tags,
+                                   extra_artifacts=extra_artifacts, register=register)
+
+    def _pyfunc_flavour(self, model: str, dest: Path, files: dict[str, str], artifact_dir: Path) -> Path:
+        """The MLflow pyfunc files for `model/` (lattice.registry.pyfunc), written to `dest`; they
+        are logged into `model/` beside the model's own files, so none may share a name with one."""
+        from lattice.registry.pyfunc import save_flavour
+
+        flavour = save_flavour(dest, model, self.paths.workdir)
+        clash = sorted(set(files) & set(manifest(flavour)))
+        if clash:
+            raise ValueError(f"{artifact_dir} has files named like MLflow's pyfunc files {clash}; rename them "
+                             "(the registered folder holds both)")
+        return flavour
+
+    def _log_model(self, model: str, artifact_dir: Path, flavour: Path, files: dict[str, str], *, params: dict[str, str],
+                   metrics: dict[str, float], tags: dict[str, str], extra_artifacts: dict[str, Path] | None,
+                   register: bool) -> VersionInfo | str:
         digest = manifest_digest(files)
         tags = {**tags, MANIFEST_TAG: digest}
         run = self.client.create_run(self.experiment_id, run_name=model, tags={"lattice.model": model, **tags})
@@ -244,6 +268,7 @@ class ModelRegistry:
             for i in range(0, len(ms), 500):
                 self.client.log_batch(rid, metrics=ms[i : i + 500])
             self.client.log_artifacts(rid, str(artifact_dir), "model")
+            self.client.log_artifacts(rid, str(flavour), "model")  # merged into model/: the pyfunc flavour
             with tempfile.TemporaryDirectory() as tmp:
                 self.client.log_artifact(rid, str(write_manifest(files, Path(tmp) / MANIFEST_FILE)))
             for name, path in (extra_artifacts or {}).items():

@@ -53,11 +53,16 @@ def per_cell(metrics: dict[str, Any]) -> dict[str, dict[str, float]]:
     return out
 
 
-def feature_service(config: PlatformConfig) -> str:
-    """The Feast feature service the model was trained against and is served with."""
-    from features.store import feature_service_name
+def feature_service(config: PlatformConfig, paths: Paths, version: int, model: str) -> str:
+    """Apply the Feast FeatureService of this registered version (named after it: see
+    `features.repo.feature_service_name`) and return its name; "" for a config without
+    aggregates (the model reads no feature of the store)."""
+    if not config.features.aggregates:
+        return ""
+    from features.repo import apply_feature_service
+    from features.store import get_store
 
-    return feature_service_name(config)
+    return apply_feature_service(config, paths, get_store(config, paths), version, model)
 
 
 def register(config: PlatformConfig, paths: Paths, model: str = SERVABLE, challenger: bool = True) -> dict:
@@ -68,10 +73,8 @@ def register(config: PlatformConfig, paths: Paths, model: str = SERVABLE, challe
     metrics = json.loads(metrics_file.read_text()) if metrics_file.exists() else {}
     export_dir = model_dir / "export"
     checksum = sha256_path(export_dir if export_dir.is_dir() else model_dir)
-    service = feature_service(config)
     tags = {
         "lattice.config": config.name,
-        "lattice.feature_service": service,
         "lattice.checksum": checksum,
         "lattice.exported": str(export_dir.is_dir()).lower(),
     }
@@ -102,6 +105,10 @@ def register(config: PlatformConfig, paths: Paths, model: str = SERVABLE, challe
             extras["hash_tables"] = hash_tables
         reg = ModelRegistry(config, paths)
         version = reg.log_model(model, model_dir, params=params, metrics=numeric_leaves("", metrics), tags=tags, extra_artifacts=extras)
+    # the version number exists only now: its FeatureService is applied and recorded on it
+    service = feature_service(config, paths, version.version, model)
+    reg.client.set_model_version_tag(version.name, str(version.version), "lattice.feature_service", service)
+    version = reg.version(version.version, model=model)
     servable = reg.registered_name(model) == reg.base_name
     if servable and challenger:
         reg.set_challenger(version)

@@ -70,13 +70,10 @@ def _write(frame: pd.DataFrame, path: Path) -> None:
         frame.to_parquet(path, index=False)
 
 
-def predict_file(config: PlatformConfig, paths: Paths, input: str, output: str, model: str = "champion",
-                 source: str | None = None, batch_rows: int = 65_536) -> dict:
-    from pipelines.score_input import parse_input
-
-    t0 = time.perf_counter()
-    good, bad, src = parse_input(config, input, source)
-    score, what = _scorer(config, paths, model)
+def score_rows(config: PlatformConfig, paths: Paths, good: pd.DataFrame, score, batch_rows: int = 65_536) -> pd.DataFrame:
+    """Parsed rows (`parse_input`'s good rows) -> pass-through, example_id, event_timestamp, domain,
+    p_<objective> and unknown_entities: the online aggregates joined in, then `score` batch by batch.
+    `lattice predict` and the registry's pyfunc flavour both call it, so they score alike."""
     aggregates, unknown = _online_aggregates(config, paths, good)
     frame = good.copy()
     for c, v in aggregates.items():
@@ -90,6 +87,17 @@ def predict_file(config: PlatformConfig, paths: Paths, input: str, output: str, 
     for o, parts in probs.items():
         out[f"p_{o}"] = np.concatenate(parts) if parts else np.zeros(0)
     out["unknown_entities"] = [",".join(u) for u in unknown]
+    return out
+
+
+def predict_file(config: PlatformConfig, paths: Paths, input: str, output: str, model: str = "champion",
+                 source: str | None = None, batch_rows: int = 65_536) -> dict:
+    from pipelines.score_input import parse_input
+
+    t0 = time.perf_counter()
+    good, bad, src = parse_input(config, input, source)
+    score, what = _scorer(config, paths, model)
+    out = score_rows(config, paths, good, score, batch_rows)
     out_path = Path(output)
     _write(out, out_path)
     q_path = out_path.with_name(out_path.stem + "_quarantine.parquet")

@@ -267,6 +267,8 @@ class Server:
 
         def load(version: int) -> Predictor:
             info = self.registry.version(version)
+            # the served version's own FeatureService (named at registration) must be in Feast
+            self.online.check_service(info.tags.get("lattice.feature_service"), f"{info.name} v{version}")
             return Predictor.load(self.registry.download(info), version=info)
 
         self.slot: ModelSlot[Predictor] = ModelSlot(current, load, poll_seconds=poll_seconds)

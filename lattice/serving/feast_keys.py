@@ -39,3 +39,12 @@ def encode_keys(join_key: str, ids: list[int], version: int, template: tuple[byt
     pre, post = template
     pack = struct.Struct("<q").pack
     return [pre + pack(i) + post for i in ids]
+
+
+def field_key(view: str, feature: str) -> bytes:
+    """The hash field Feast's Redis online store writes a feature under: murmur3_32 (unsigned, seed
+    0) of `<view>:<feature>`, 4 bytes little-endian (feast/infra/online_stores/redis.py,
+    `_mmh3` in helpers.py; a unit test holds the two equal)."""
+    import mmh3
+
+    return struct.pack("<I", mmh3.hash(f"{view}:{feature}", signed=False))

@@ -129,6 +129,24 @@ class OnlineFeatures:
         self._load_mirror(version)
         self.reloads += 1
 
+    def check_service(self, name: str | None, what: str) -> None:
+        """The FeatureService a model version was registered with (`name`) must exist in the store
+        and hold exactly the aggregate columns this reader serves; `what` names the version in
+        the error. A version without one (no aggregates) passes only when none are served."""
+        if not name:
+            if self.columns:
+                raise LookupError(f"{what} records no feature service, but the config serves {len(self.columns)} aggregate "
+                                  "columns; register the model again")
+            return
+        with self._lock:
+            if self._store is None:
+                self._open()
+            service = self._store.get_feature_service(name)  # FeatureServiceNotFoundException names it
+        got = {f.name for p in service.feature_view_projections for f in p.features}
+        if got != set(self.columns):
+            raise LookupError(f"{what}: feature service {name!r} holds {sorted(got ^ set(self.columns))} that the served "
+                              f"columns {'lack' if got - set(self.columns) else 'add'}; serve it with the config it was registered with")
+
     def open(self) -> None:
         """Open the store now (the server calls this at startup, so the first request does not
         pay for reading the Feast registry)."""

@@ -1,13 +1,12 @@
-"""Batch reads of Feast's Redis online store, for the server's hot path, behind a circuit breaker.
+"""Batch reads of Feast's Redis online store with redis-py (replies parsed by hiredis), for the
+server's hot path, behind a circuit breaker.
 
 Feast keeps one Redis hash per entity: key = serialized entity key + project, one field per
-feature (`murmur3("<view>:<feature>")`, a serialized Value proto) and a `_ts:<view>` timestamp.
-Through redis-py a pipeline of 512 HMGETs (a 256-request batch, two entities each) costs about
-30 ms on this machine, nearly all of it building and parsing per-command Python objects. This
-reader sends the same HMGETs as one prebuilt buffer (each command is a fixed prefix, the key and
-a fixed field list) on its own socket and parses the replies in one pass: one round trip per
-batch. `tests/integration/test_serving_scaleout.py` checks it returns what Feast's own
-`online_read` returns after a materialization.
+feature (`feast_keys.field_key`: murmur3 of "<view>:<feature>", a serialized Value proto) and a
+`_ts:<view>` timestamp (feast/infra/online_stores/redis.py, Feast 0.67). A batch is one pipeline
+of HMGETs (every view's entities: one round trip). `tests/integration/test_serving_scaleout.py`
+checks it returns what Feast's own `online_read` returns after a materialization, and
+bench/bench_redis_client.py measures it against the hand-written socket client it replaced.
 
 A dead or hung Redis must not make each request wait: sockets have short timeouts, and after a
 failure the breaker refuses reads for a cool-down (doubling up to `max_cooldown`) without
@@ -17,12 +16,11 @@ caller (online.py) answers refused reads with what it has (cache, or no-history 
 
 from __future__ import annotations
 
-import socket
 import time
 
 import numpy as np
 
-from lattice.serving.feast_keys import encode_keys, key_template
+from lattice.serving.feast_keys import encode_keys, field_key, key_template
 from lattice.serving.sqlite_online import _number
 
 
@@ -60,111 +58,64 @@ class CircuitBreaker:
 
 
 def parse_connection_string(text: str) -> dict:
-    """Feast's `host:port,password=...,db=N[,ssl=true]` -> host, port, password, db (strings kept
-    as written: a password of digits stays a string)."""
+    """Feast's `host:port,password=...,db=N[,ssl=true]` -> redis-py's host, port, password,
+    username, db, ssl (strings kept as written: a password of digits stays a string)."""
     parts = [p.strip() for p in text.split(",") if p.strip()]
     host, _, port = parts[0].partition(":")
     opts = dict(p.split("=", 1) for p in parts[1:] if "=" in p)
-    if opts.get("ssl", "false").lower() == "true" or opts.get("redis_type") not in (None, "redis"):
-        raise ValueError("the fast Redis reader handles a single plain-TCP Redis; TLS and clusters read through Feast")
+    if opts.get("redis_type") not in (None, "redis"):
+        raise ValueError("this reader reads a single Redis; clusters and sentinels read through Feast's online_read")
     return {"host": host or "localhost", "port": int(port or 6379), "password": opts.get("password"),
-            "username": opts.get("username"), "db": int(opts.get("db", 0))}
-
-
-def _command(*args: bytes) -> bytes:
-    return b"*%d\r\n" % len(args) + b"".join(b"$%d\r\n%s\r\n" % (len(a), a) for a in args)
+            "username": opts.get("username"), "db": int(opts.get("db", 0)),
+            "ssl": opts.get("ssl", "false").lower() == "true"}
 
 
 class RedisOnlineReader:
     def __init__(self, repo_config, views: list, connect_timeout: float = 0.2, read_timeout: float = 0.5,
                  breaker: CircuitBreaker | None = None):
-        from feast.infra.online_stores.helpers import _mmh3
+        import redis
+        from redis.backoff import NoBackoff
+        from redis.retry import Retry
 
         store = repo_config.online_store
         kind = getattr(store, "redis_type", "redis")
         if getattr(kind, "value", kind) != "redis":
-            raise ValueError(f"redis_type {kind}: the fast reader reads a single Redis (clusters read through Feast)")
+            raise ValueError(f"redis_type {kind}: this reader reads a single Redis (clusters read through Feast)")
         self.endpoint = parse_connection_string(store.connection_string)
-        self.connect_timeout, self.read_timeout = connect_timeout, read_timeout
         self.breaker = breaker or CircuitBreaker()
+        # no retries inside redis-py: a failure opens the breaker at once instead of making the request wait
+        self._client = redis.Redis(**self.endpoint, socket_connect_timeout=connect_timeout, socket_timeout=read_timeout,
+                                   retry=Retry(NoBackoff(), 0), retry_on_timeout=False, health_check_interval=0)
+        self._errors = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, redis.exceptions.ResponseError, OSError)
+        # one command instead of one HMGET per entity: a redis-py pipeline builds and parses a
+        # Python object per command, which at a 256-request batch costs twice the raw socket
+        # (bench/bench_redis_client.py); the script runs the same HMGETs inside Redis
+        self._hmget_many = self._client.register_script(_HMGET_MANY)
         self._project = repo_config.project.encode()
         self._key_version = repo_config.entity_key_serialization_version
         self._templates: dict[str, tuple[bytes, bytes] | None] = {}
-        # per view: the HMGET field list as the tail of a command (`*N $5 HMGET` + key + fields)
-        self._fields: dict[str, tuple[int, bytes]] = {}
-        for view in views:
-            name = _fv_name(view, repo_config)
-            hashed = [_mmh3(f"{name}:{f.name}") for f in view.features]
-            self._fields[view.name] = (len(hashed), b"".join(b"$%d\r\n%s\r\n" % (len(h), h) for h in hashed))
-        self._sock: socket.socket | None = None
+        self._fields: dict[str, list[bytes]] = {
+            view.name: [field_key(_fv_name(view, repo_config), f.name) for f in view.features] for view in views}
 
-    # ---- connection
-    def _connect(self) -> socket.socket:
-        ep = self.endpoint
-        sock = socket.create_connection((ep["host"], ep["port"]), timeout=self.connect_timeout)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.settimeout(self.read_timeout)
-        hello = []
-        if ep["password"]:
-            user = [ep["username"].encode()] if ep["username"] else []
-            hello.append(_command(b"AUTH", *user, ep["password"].encode()))
-        if ep["db"]:
-            hello.append(_command(b"SELECT", str(ep["db"]).encode()))
-        if hello:
-            sock.sendall(b"".join(hello))
-            buf = bytearray()
-            for _ in hello:
-                line = self._line(sock, buf)
-                if not line.startswith(b"+"):
-                    sock.close()  # the server's own message (never echoes the password)
-                    raise ConnectionError(f"Redis refused the connection: {line.decode(errors='replace')[:200]}")
-        return sock
-
-    def _line(self, sock: socket.socket, buf: bytearray) -> bytes:
-        while (end := buf.find(b"\r\n")) < 0:
-            self._recv(sock, buf)
-        line = bytes(buf[:end])
-        del buf[:end + 2]
-        return line
-
-    @staticmethod
-    def _recv(sock: socket.socket, buf: bytearray) -> None:
-        chunk = sock.recv(1 << 20)
-        if not chunk:
-            raise ConnectionError("Redis closed the connection")
-        buf += chunk
-
-    def _call(self, payload: bytes, parse):
-        """Send `payload`, parse the reply; any network failure opens the breaker."""
+    def _call(self, fn):
+        """Run `fn(client)`; any Redis or network failure opens the breaker."""
         if not self.breaker.allow():
             raise OnlineStoreUnavailable(f"online store unavailable ({self.breaker.error}); retrying in a moment")
         try:
-            if self._sock is None:
-                self._sock = self._connect()
-            self._sock.sendall(payload)
-            out = parse(self._sock)
-        except (OSError, ConnectionError, ValueError) as exc:  # refused, reset, timed out, a garbled reply
-            self.close()
+            out = fn(self._client)
+        except self._errors as exc:  # refused, reset, timed out, an error reply (e.g. WRONGTYPE)
+            self._client.connection_pool.disconnect()
             self.breaker.failure(exc)
             raise OnlineStoreUnavailable(f"online store unavailable: {type(exc).__name__}: {exc}") from exc
         self.breaker.success()
         return out
 
     def ping(self) -> None:
-        def parse(sock):
-            line = self._line(sock, bytearray())
-            if line != b"+PONG":
-                raise ValueError(f"unexpected PING reply {line[:80]!r}")
-        self._call(_command(b"PING"), parse)
+        self._call(lambda c: c.ping())
 
     def close(self) -> None:
-        if self._sock is not None:
-            try:
-                self._sock.close()
-            finally:
-                self._sock = None
+        self._client.close()
 
-    # ---- reads
     def _keys(self, join_key: str, ids: list[int]) -> list[bytes]:
         if join_key not in self._templates:
             self._templates[join_key] = key_template(join_key, self._key_version)
@@ -174,25 +125,41 @@ class RedisOnlineReader:
     def read_many(self, wanted: list[tuple[str, str, list[str], list[int]]]) -> list[dict[int, np.ndarray]]:
         """[(view, join key, features, ids)] -> per item: id -> values in the view's feature order
         (all NaN for an entity the store lacks). Every view's reads go in one round trip."""
-        parts, shape = [], []
-        for view, key, feats, ids in wanted:
-            nf, tail = self._fields[view]
-            head = b"*%d\r\n$5\r\nHMGET\r\n" % (nf + 2)
-            parts += [head + b"$%d\r\n%s\r\n" % (len(k), k) + tail for k in self._keys(key, ids)]
-            shape.append((len(ids), nf))
-        # a PING after the HMGETs: its +PONG, the last reply, says the whole answer has arrived
-        count = sum(n for n, _ in shape)
-        values = self._call(b"".join(parts) + _PING, lambda sock: _parse_arrays(sock, count, self._recv))
-        numbers = _numbers(values)
+        keys: list[bytes] = []
+        args: list = []
+        for view, join_key, _, ids in wanted:  # per view: its field count, its key count, its fields
+            fields = self._fields[view]
+            keys += self._keys(join_key, ids)
+            args += [len(fields), len(ids), *fields]
+        flat = _numbers(self._call(lambda client: self._hmget_many(keys=keys, args=args, client=client)))
         out, at = [], 0
-        for (n, nf), (_, _, _, ids) in zip(shape, wanted):
-            out.append(dict(zip(ids, numbers[at:at + n * nf].reshape(n, nf))))
-            at += n * nf
+        for view, _, _, ids in wanted:
+            size = len(ids) * len(self._fields[view])
+            out.append(dict(zip(ids, flat[at:at + size].reshape(len(ids), -1))))
+            at += size
         return out
 
 
-_PING = b"*1\r\n$4\r\nPING\r\n"
-_PONG = b"\r\n+PONG\r\n"
+_HMGET_MANY = """
+local out, n, a, k = {}, 0, 1, 0
+while a <= #ARGV do
+  local nf, nk = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
+  local fields = {unpack(ARGV, a + 2, a + 1 + nf)}
+  for _ = 1, nk do
+    k = k + 1
+    for _, v in ipairs(redis.call('HMGET', KEYS[k], unpack(fields))) do
+      n = n + 1
+      out[n] = v
+    end
+  end
+  a = a + 2 + nf
+end
+return out
+"""
+"""Every view's HMGETs in one call. ARGV, per view: its field count, its key count, its fields;
+KEYS: the views' keys in the same order. A missing field is false in Lua and nil in the reply,
+so the flat reply lines up with (key, field)."""
+
 _MEMO: dict = {None: np.nan}  # serialized Value -> float: counts and rates repeat across entities
 _MEMO_MAX = 200_000
 
@@ -208,40 +175,6 @@ def _numbers(values: list) -> np.ndarray:
         _MEMO.clear()
         _MEMO[None] = np.nan
     return np.array(out, np.float64)
-
-
-def _parse_arrays(sock: socket.socket, n: int, recv) -> list:
-    """`n` RESP array replies of bulk strings, then +PONG -> their elements, flat (None for a
-    nil). The reply is read whole and split on CRLF in C; a value that itself holds CRLF (a
-    double's bytes may) is joined back from its pieces by its declared length."""
-    buf = bytearray()
-    while not buf.endswith(_PONG):
-        recv(sock, buf)
-    tokens = bytes(buf).split(b"\r\n")
-    out: list = []
-    append = out.append
-    i = 0
-    for _ in range(n):
-        head = tokens[i]
-        if head[:1] != b"*":  # '-' is an error reply (e.g. WRONGTYPE)
-            raise ValueError(f"Redis answered {head[:200]!r} to HMGET")
-        i += 1
-        for _ in range(int(head[1:])):
-            h = tokens[i]
-            if h == b"$-1":
-                append(None)
-                i += 1
-                continue
-            size = int(h[1:])
-            v = tokens[i + 1]
-            i += 2
-            while len(v) < size:
-                v += b"\r\n" + tokens[i]
-                i += 1
-            append(v)
-    if tokens[i] != b"+PONG" or i + 2 != len(tokens):
-        raise ValueError("the Redis reply did not match the commands sent")
-    return out
 
 
 def _fv_name(view, repo_config) -> str:

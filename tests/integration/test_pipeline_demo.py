@@ -200,11 +200,11 @@ def test_feast_cross_check_agrees_and_catches_a_wrong_value(demo, tmp_path):
 
     config, paths = demo["config"], demo["paths"]
     assert demo["summary"]["stages"]["training_set"]["feast_check"]["mismatches"] == 0
-    assert feast_cross_check(config, paths, 1, 200)["mismatches"] == 0
+    assert feast_cross_check(config, paths, 200)["mismatches"] == 0
     ts = read_table(paths.training_set)
     ts["user_click_count_7d"] += 1
     (tmp_path / "ts").mkdir()
     pq.write_table(pa.Table.from_pandas(ts, preserve_index=False), tmp_path / "ts" / "part.parquet")
     wrong = SimpleNamespace(training_set=tmp_path / "ts", feast_repo=paths.feast_repo, workdir=paths.workdir)
     with pytest.raises(TrainingSetMismatch, match="user_click_count_7d"):
-        feast_cross_check(config, wrong, 1, 200)
+        feast_cross_check(config, wrong, 200)

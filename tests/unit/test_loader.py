@@ -304,3 +304,22 @@ def test_split_rows_counts_the_stored_column_not_the_fractions(table, tmp_path) 
     assert split_rows(other, "train") < 0.2 * table_rows(other)  # the fractions would have said ~80%
     df.drop(columns=["split"]).to_parquet(other / "part-0.parquet", index=False)
     assert split_rows(other, "train") is None  # an old table: the trainer falls back to the fractions
+
+
+def test_hive_folders_are_parsed_by_pyarrow_dataset_and_stay_strings(tmp_path) -> None:
+    """Partition values as Spark writes them: URI-escaped, and `007` stays `007` (not the int 7)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from lattice.data.loader import scan_units, table_columns
+
+    for folder in ("date=2026-01-01/domain=feed/shard=007", "date=2026-01-02/domain=web%20search/shard=010"):
+        (tmp_path / folder).mkdir(parents=True)
+        pq.write_table(pa.table({"x": [1, 2]}), tmp_path / folder / "part-0.parquet")
+    (tmp_path / "_SUCCESS").write_text("")
+    units = scan_units(tmp_path)
+    assert [u.partition for u in units] == [
+        (("date", "2026-01-01"), ("domain", "feed"), ("shard", "007")),
+        (("date", "2026-01-02"), ("domain", "web search"), ("shard", "010")),
+    ]
+    assert table_columns(tmp_path) == {"x", "date", "domain", "shard"}

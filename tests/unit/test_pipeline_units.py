@@ -77,6 +77,8 @@ def test_feature_service_name(demo):
 
     assert feature_service_name(demo) == "demo_v1"
     assert feature_service_name(demo, 3) == "demo_v3"
+    assert feature_service_name(demo, 3, "student@noteacher") == "demo_v3"  # every student is a version of one model
+    assert feature_service_name(demo, 2, "teacher") == "demo_teacher_v2"  # teachers count their own versions
     with pytest.raises(ValueError):
         feature_service_name(demo, 0)
 
@@ -98,9 +100,10 @@ def test_feature_store_yaml_sqlite_redis_spark(tmp_path, demo):
 
 
 def test_feast_objects_built_from_config(tmp_path, demo):
-    from features.repo import definitions
+    from features.repo import definitions, feature_service
 
-    objs = definitions(demo, Paths(workdir=tmp_path, data_root=tmp_path), version=2)
+    paths = Paths(workdir=tmp_path, data_root=tmp_path)
+    objs = [*definitions(demo, paths), feature_service(demo, paths, 2)]  # the service comes with a model version
     names = {type(o).__name__: [] for o in objs}
     for o in objs:
         names[type(o).__name__].append(o.name)

@@ -45,7 +45,7 @@ def test_register_promote_rollback(config, tmp_path):
     v1 = reg.by_alias(CHALLENGER)
     assert v1 is not None and v1.version == s1["version"] == 1
     assert v1.tags["lattice.checksum"] == sha256_path(paths.model_dir("student") / "export")
-    assert v1.tags["lattice.feature_service"]
+    assert v1.tags["lattice.feature_service"] == "demo_v1" and t["feature_service"] == "demo_teacher_v1"
     assert v1.tags["lattice.trained_at"] == "2026-01-15T00:00:00Z"
     run = reg.client.get_run(v1.run_id)
     assert run.data.metrics["cells.feed.click.ne"] == pytest.approx(0.81)
@@ -66,7 +66,12 @@ def test_register_promote_rollback(config, tmp_path):
     _fake_model(paths, "student", 0.79, b"student-2")
     register(config, paths, "student")
     v2 = reg.by_alias(CHALLENGER)
-    assert v2.version == 2
+    assert v2.version == 2 and v2.tags["lattice.feature_service"] == "demo_v2"
+    from features.store import get_store
+
+    services = {s.name: s for s in get_store(config, paths).list_feature_services()}
+    assert set(services) == {"demo_teacher_v1", "demo_v1", "demo_v2"}  # one per registered version
+    assert services["demo_v2"].tags == {"version": "2", "model": "student"}
     assert reg.promote(v2) == 1
     assert reg.champion_history() == [1, 2]
 
@@ -126,9 +131,13 @@ def test_download_verifies_every_file_and_never_trusts_a_changed_cache_entry(con
     register(config, paths, "student")
     reg = ModelRegistry(config, paths)
     v = reg.by_alias(CHALLENGER)
-    registered = manifest(paths.model_dir("student"))
+    own = manifest(paths.model_dir("student"))
+    registered = json.loads(Path(reg.client.download_artifacts(v.run_id, MANIFEST_FILE, str(tmp_path))).read_text())
     assert v.tags[MANIFEST_TAG] == manifest_digest(registered)
-    assert json.loads(Path(reg.client.download_artifacts(v.run_id, MANIFEST_FILE, str(tmp_path))).read_text()) == registered
+    # the model's own files, as they were, plus the pyfunc flavour's (lattice.registry.pyfunc)
+    assert {k: registered[k] for k in own} == own
+    assert set(registered) - set(own) == {"MLmodel", "pyfunc_entry.py", "artifacts/lattice_pyfunc.json", "conda.yaml",
+                                          "python_env.yaml", "requirements.txt"}
 
     local = reg.download(v)
     assert v.tags[MANIFEST_TAG] in str(local)  # keyed by content, not by (name, version)
@@ -162,7 +171,7 @@ def test_registration_verifies_the_stored_copy(config, tmp_path, monkeypatch):
 
     def corrupting(self, run_id, local_dir, artifact_path=None):
         real(self, run_id, local_dir, artifact_path)
-        if artifact_path == "model":  # the store mangles the upload
+        if artifact_path == "model" and Path(local_dir) == paths.model_dir("student"):  # the store mangles the upload
             uri = self.get_run(run_id).info.artifact_uri
             _flip(Path(uri.removeprefix("file://")) / "model" / "export" / "model.pt")
 

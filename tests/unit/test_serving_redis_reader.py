@@ -1,5 +1,6 @@
-"""The Redis reader's pieces without a Redis: RESP parsing, connection strings, the circuit
-breaker, and a dead endpoint answered fast (the server then falls back; see online.py)."""
+"""The Redis reader's pieces without a Redis: Feast's field names, value decoding, connection
+strings, the circuit breaker, and a dead endpoint answered fast (the server then falls back; see
+online.py). Reads from a real Redis: tests/integration/test_serving_scaleout.py."""
 
 from __future__ import annotations
 
@@ -11,31 +12,16 @@ import numpy as np
 import pytest
 
 from lattice.serving.redis_online import (CircuitBreaker, OnlineStoreUnavailable, RedisOnlineReader, _numbers,
-                                          _parse_arrays, parse_connection_string)
+                                          parse_connection_string)
 
 
-class _Chunks:
-    """A socket that hands out a reply in small pieces (a RESP element split across reads)."""
+def test_field_names_are_the_ones_feast_writes():
+    from feast.infra.online_stores.helpers import _mmh3  # Feast's own (private) hash, checked here only
 
-    def __init__(self, data: bytes, size: int = 3):
-        self.parts = [data[i:i + size] for i in range(0, len(data), size)]
+    from lattice.serving.feast_keys import field_key
 
-
-def _recv(sock: _Chunks, buf: bytearray) -> None:
-    if not sock.parts:
-        raise ConnectionError("closed")
-    buf += sock.parts.pop(0)
-
-
-def test_parse_arrays_handles_nils_crlf_in_values_and_split_reads():
-    reply = b"*3\r\n$2\r\nab\r\n$-1\r\n$0\r\n\r\n*1\r\n$5\r\nx\r\nyz\r\n+PONG\r\n"
-    assert _parse_arrays(_Chunks(reply), 2, _recv) == [b"ab", None, b"", b"x\r\nyz"]
-    with pytest.raises(ValueError, match="WRONGTYPE"):
-        _parse_arrays(_Chunks(b"-WRONGTYPE Operation\r\n+PONG\r\n"), 1, _recv)
-    with pytest.raises(ConnectionError):  # a reply cut short
-        _parse_arrays(_Chunks(b"*2\r\n$2\r\nab\r\n"), 1, _recv)
-    with pytest.raises(ValueError):  # more replies than commands
-        _parse_arrays(_Chunks(b"*1\r\n$1\r\na\r\n*1\r\n$1\r\nb\r\n+PONG\r\n"), 1, _recv)
+    for view, feature in [("user_click_stats", "user_click_stats_count_1d"), ("v", "f"), ("ad_conv", "rate_7d")]:
+        assert field_key(view, feature) == _mmh3(f"{view}:{feature}")
 
 
 def test_numbers_decode_counts_rates_and_absent():
@@ -49,9 +35,10 @@ def test_numbers_decode_counts_rates_and_absent():
 
 def test_connection_string_keeps_a_numeric_password_a_string():
     ep = parse_connection_string("127.0.0.1:6390,password=12e45,db=2")
-    assert ep == {"host": "127.0.0.1", "port": 6390, "password": "12e45", "username": None, "db": 2}
-    with pytest.raises(ValueError):
-        parse_connection_string("h:1,ssl=true")
+    assert ep == {"host": "127.0.0.1", "port": 6390, "password": "12e45", "username": None, "db": 2, "ssl": False}
+    assert parse_connection_string("h:1,ssl=true")["ssl"] is True  # TLS: redis-py speaks it
+    with pytest.raises(ValueError, match="clusters"):
+        parse_connection_string("h:1,redis_type=redis_cluster")
 
 
 def test_breaker_opens_backs_off_and_closes():
