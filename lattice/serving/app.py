@@ -34,7 +34,9 @@ from starlette.requests import ClientDisconnect
 from lattice.config import PlatformConfig
 from lattice.paths import Paths
 from lattice.serving.frame import request_columns
+from lattice.serving.metrics import MetricsMiddleware
 from lattice.serving.online import OnlineFeatures
+from lattice.serving.ops import ServingOps
 from lattice.serving.requests import (BatchRequest, PredictRequest, PredictResponse, RequestError, RequestSchema, WireBatch,
                                       WireRequest, short)
 from lattice.serving.slot import ModelSlot
@@ -57,7 +59,7 @@ def _validation_message(exc: ValidationError, prefix: str = "") -> list[str]:
         loc = loc if len(loc) <= 200 else loc[:200] + "..."  # a field name is the client's text too
         kind = e["type"]
         if kind == "extra_forbidden":
-            msg = "unknown field; allowed fields are domain, entities, features, request_id (or 'requests': [...] for a batch)"
+            msg = "unknown field; allowed fields are domain, entities, features, request_id, passthrough (or 'requests': [...] for a batch)"
         elif kind == "missing":
             msg = "required field is missing"
         else:
@@ -274,16 +276,23 @@ class Server:
         if config.features.aggregates:
             self.online.open()
 
-    def score(self, reqs: list) -> dict[str, Any]:
-        """Requests -> the response body (`PredictResponse`'s layout) as plain Python values."""
+    def score(self, reqs: list, ops: ServingOps | None = None) -> dict[str, Any]:
+        """Requests -> the response body (`PredictResponse`'s layout) as plain Python values.
+        `ops`: where the scored batch is recorded (prediction log, metrics)."""
         served = self.slot.current  # read once: this request sees one whole model
         if served is None:
             raise LookupError("no champion model is loaded yet")
         cols = request_columns(served.model.config, reqs, {})
+        # the store's counters before and after this lookup (requests are scored one at a time
+        # on the event loop): a fallback means the store was unreadable, not the entity unknown
+        errors0, reads0 = getattr(self.online, "fallbacks", 0), getattr(self.online, "reads", 0)
         # the ids hashed for the model are the keys of the online lookup: hash once
         aggregates, unknown = self.online.lookup_ids({k: cols.sparse[k][0] for k in self.online.entity_keys})
         cols.dense.update(aggregates)
         probs = served.model.predict_columns(cols)
+        if ops is not None:
+            ops.record(reqs, cols, probs, unknown, getattr(self.online, "fallbacks", 0) - errors0,
+                       getattr(self.online, "reads", 0) - reads0, served.version)
         names = list(probs)
         rows = zip(*(probs[o].tolist() for o in names))  # python floats, one conversion per objective
         preds = [
@@ -303,6 +312,9 @@ def create_app(config: PlatformConfig, paths: Paths, poll_seconds: float = 2.0, 
     token = _auth_token(limits.auth_token_env)
     max_body = limits.max_body_bytes
 
+    # prediction log + Prometheus metrics; built with the app so that /metrics counts from the start
+    ops = ServingOps(config, paths.workdir if paths is not None else None)
+
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         server = prebuilt if prebuilt is not None else await run_in_threadpool(Server, config, paths, poll_seconds)
@@ -310,14 +322,17 @@ def create_app(config: PlatformConfig, paths: Paths, poll_seconds: float = 2.0, 
         server.slot.start()
         server_box["s"] = server
         app.state.server = server
+        app.state.ops = ops
         try:
             yield
         finally:
             server.slot.stop()
+            await run_in_threadpool(ops.close)  # a clean stop writes every acknowledged log record
 
     app = FastAPI(title=f"Lattice {config.name} ranking", lifespan=lifespan)
     if limits.access_log:
         app.add_middleware(AccessLog)
+    app.add_middleware(MetricsMiddleware, metrics=ops.metrics)
 
     @app.exception_handler(Exception)
     async def internal_error(request: Request, exc: Exception) -> JSONResponse:
@@ -345,7 +360,7 @@ def create_app(config: PlatformConfig, paths: Paths, poll_seconds: float = 2.0, 
             # GIL either way, and the thread hand-off cost more than a single row's lookup and
             # forward. The response is serialised once here by msgspec (the route's
             # response_model only documents it), instead of FastAPI validating it again.
-            body = server.score(reqs)
+            body = server.score(reqs, ops)
         except LookupError as exc:
             return JSONResponse(status_code=503, content={"detail": str(exc)})
         except Exception:  # the last resort: valid input never gets here; logged with its traceback
@@ -373,7 +388,18 @@ def create_app(config: PlatformConfig, paths: Paths, poll_seconds: float = 2.0, 
         }
         if degraded:
             body["degraded"] = [f"online store {store['store']}: {store['status']} ({store.get('error')})"]
+        body["prediction_log"], warnings = ops.health()
+        if warnings:
+            body["warnings"] = warnings
         return JSONResponse(status_code=200 if served else 503, content=body)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        served = server_box["s"].slot.current
+        ops.model_version(served.version if served else None)
+        ops.health()  # drops counted since the last write reach the counter too
+        data, content_type = ops.metrics.exposition()
+        return Response(content=data, media_type=content_type)
 
     @app.get("/metadata")
     async def metadata(request: Request) -> Any:

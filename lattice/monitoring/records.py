@@ -1,0 +1,136 @@
+"""The prediction log's one schema, built here for serving and for `lattice predict` alike.
+
+One row per scored example:
+
+    request_id      string   the client's id (batch scoring: the example id)
+    logged_at       timestamp[us, UTC]  when it was scored
+    origin          string   serve | batch
+    domain          string
+    model_version   int64    registry version (null: an unregistered model scored it)
+    <entity key>    int64    the ids the online store was asked for (as in the example table)
+    <pass-through>  string   the source's pass-through keys (an impression id) when sent
+    p_<objective>   float64  the probability served
+    unknown_entities string  entity keys the online store did not know, comma-separated
+    store_error     bool     the online store could not be read (not the same as unknown)
+    f.<column>      the feature values the model used: sparse ids (int64), dense values
+                    (float64, null where not sent) and online aggregates (float64)
+
+and the hive partition `hour=YYYY-MM-DDTHH` (UTC) it is written under. Feature columns carry a
+prefix so that a pass-through name can never collide with one.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from lattice.config import PlatformConfig
+from lattice.data import schema as S
+
+FEATURE_PREFIX = "f."
+PARTITION = "hour"
+
+
+def log_dir(workdir: Path) -> Path:
+    return Path(workdir) / "prediction_log"
+
+
+def hour_of(epoch_seconds: float) -> str:
+    return dt.datetime.fromtimestamp(epoch_seconds, dt.timezone.utc).strftime("%Y-%m-%dT%H")
+
+
+def feature_column(column: str) -> str:
+    return FEATURE_PREFIX + column
+
+
+class LogSchema:
+    """The column layout under one platform config."""
+
+    def __init__(self, config: PlatformConfig, features: bool = True):
+        self.objectives = config.objective_names
+        self.entity_keys = [f.column for f in config.entity_features]
+        self.passthrough = S.passthrough_columns(config)
+        self.sparse = [c for c in S.sparse_columns(config) if c not in self.entity_keys] if features else []
+        self.dense = (S.dense_columns(config) + S.aggregate_columns(config)) if features else []
+        fields = [("request_id", pa.string()), ("logged_at", pa.timestamp("us", tz="UTC")), ("origin", pa.string()),
+                  ("domain", pa.string()), ("model_version", pa.int64())]
+        fields += [(k, pa.int64()) for k in self.entity_keys]
+        fields += [(k, pa.string()) for k in self.passthrough]
+        fields += [(f"p_{o}", pa.float64()) for o in self.objectives]
+        fields += [("unknown_entities", pa.string()), ("store_error", pa.bool_())]
+        fields += [(feature_column(c), pa.int64()) for c in self.sparse]
+        fields += [(feature_column(c), pa.float64()) for c in self.dense]
+        self.schema = pa.schema(fields)
+
+
+def record_batch(schema: LogSchema, *, request_id: list, logged_at: float | np.ndarray, origin: str, domain,
+                 model_version: int | None, entities: dict[str, tuple[np.ndarray, np.ndarray]],
+                 passthrough: dict[str, list], probabilities: dict[str, np.ndarray], unknown: list[list[str]],
+                 store_error: bool, sparse: dict[str, tuple[np.ndarray, np.ndarray]], dense: dict[str, np.ndarray],
+                 dense_present: dict[str, np.ndarray] | None = None) -> pa.Table:
+    """Columns of n scored rows -> an Arrow table in the log's schema.
+
+    entities / sparse: column -> (int64 ids, present mask); dense: column -> float64 values, null
+    where `dense_present` says the value was not sent; passthrough: column -> values (None: not sent)."""
+    n = len(request_id)
+    ts = np.full(n, int(logged_at * 1e6), np.int64) if np.isscalar(logged_at) else (np.asarray(logged_at) * 1e6).astype(np.int64)
+    cols: dict[str, pa.Array] = {
+        "request_id": pa.array(request_id, pa.string()),
+        "logged_at": pa.array(ts, pa.timestamp("us", tz="UTC")),
+        "origin": pa.array([origin] * n, pa.string()),
+        "domain": pa.array(np.asarray(domain, dtype=object), pa.string()),
+        "model_version": pa.array([model_version] * n, pa.int64()),
+    }
+    missing = np.zeros(n, bool)
+    for k in schema.entity_keys:
+        ids, present = entities[k]
+        cols[k] = pa.array(ids, pa.int64(), mask=~np.asarray(present, bool))
+    for k in schema.passthrough:
+        vals = passthrough.get(k)
+        cols[k] = pa.array([None if v is None else str(v) for v in vals] if vals is not None else [None] * n, pa.string())
+    for o in schema.objectives:
+        cols[f"p_{o}"] = pa.array(np.asarray(probabilities[o], np.float64), pa.float64())
+    cols["unknown_entities"] = pa.array([",".join(u) for u in unknown], pa.string())
+    cols["store_error"] = pa.array(np.full(n, bool(store_error)), pa.bool_())
+    for c in schema.sparse:
+        if c in sparse:
+            ids, present = sparse[c]
+            cols[feature_column(c)] = pa.array(ids, pa.int64(), mask=~np.asarray(present, bool))
+        else:
+            cols[feature_column(c)] = pa.nulls(n, pa.int64())
+    present_of = dense_present or {}
+    for c in schema.dense:
+        if c in dense:
+            mask = ~np.asarray(present_of[c], bool) if c in present_of else missing
+            cols[feature_column(c)] = pa.array(np.asarray(dense[c], np.float64), pa.float64(), mask=mask)
+        else:
+            cols[feature_column(c)] = pa.nulls(n, pa.float64())
+    return pa.table(cols, schema=schema.schema)
+
+
+def write_partitioned(table: pa.Table, root: Path) -> list[Path]:
+    """Append `table` under `root/hour=.../part-<unique>.parquet`, one file per hour it spans.
+
+    Each part is written to a hidden temporary name and renamed, so a reader (or a crash) never
+    sees half a file: a part is on disk whole or not at all."""
+    if table.num_rows == 0:
+        return []
+    ts = table.column("logged_at").to_numpy(zero_copy_only=False).astype("datetime64[h]")
+    hours = np.datetime_as_string(ts, unit="h")
+    out = []
+    for hour in np.unique(hours):
+        part = table.filter(pa.array(hours == hour)) if len(np.unique(hours)) > 1 else table
+        folder = Path(root) / f"{PARTITION}={hour}"
+        folder.mkdir(parents=True, exist_ok=True)
+        name = f"part-{os.getpid()}-{uuid.uuid4().hex[:12]}.parquet"
+        tmp = folder / f".{name}.tmp"
+        pq.write_table(part, tmp, compression="zstd")
+        os.replace(tmp, folder / name)
+        out.append(folder / name)
+    return out
