@@ -134,3 +134,34 @@ def write_partitioned(table: pa.Table, root: Path) -> list[Path]:
         os.replace(tmp, folder / name)
         out.append(folder / name)
     return out
+
+
+def _ids(series) -> tuple[np.ndarray, np.ndarray]:
+    import pandas as pd
+
+    values = pd.to_numeric(series, errors="coerce")
+    present = values.notna().to_numpy()
+    return values.fillna(0).astype(np.int64).to_numpy(), present
+
+
+def frame_batch(schema: LogSchema, frame, probabilities: dict[str, np.ndarray], unknown: list[list[str]],
+                model_version: int | None, origin: str = "batch", logged_at: float | None = None) -> pa.Table:
+    """Rows in the consolidated layout (`lattice predict`'s parsed input, aggregates attached)
+    -> the log's table; the example id is the request id, as serving's clients send it."""
+    import time
+
+    n = len(frame)
+    entities = {k: _ids(frame[k]) if k in frame else (np.zeros(n, np.int64), np.zeros(n, bool)) for k in schema.entity_keys}
+    sparse = {c: _ids(frame[c]) for c in schema.sparse if c in frame}
+    dense, present = {}, {}
+    for c in schema.dense:
+        if c in frame:
+            v = frame[c].astype("float64").to_numpy()
+            dense[c] = np.nan_to_num(v)
+            flag = S.present_column(c)
+            present[c] = frame[flag].to_numpy().astype(bool) if flag in frame else ~np.isnan(v)
+    return record_batch(
+        schema, request_id=frame["example_id"].astype(str).tolist(), logged_at=time.time() if logged_at is None else logged_at,
+        origin=origin, domain=frame["domain"].astype(str).to_numpy(), model_version=model_version, entities=entities,
+        passthrough={k: frame[k].where(frame[k].notna(), None).tolist() for k in schema.passthrough if k in frame},
+        probabilities=probabilities, unknown=unknown, store_error=False, sparse=sparse, dense=dense, dense_present=present)

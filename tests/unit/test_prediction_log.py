@@ -180,3 +180,26 @@ def test_passthrough_keys_are_checked_and_logged(config, tmp_path):
     assert bad.status_code == 422 and "impression_id" in bad.json()["detail"]
     t = ds.dataset(str(log_dir(tmp_path)), format="parquet", partitioning="hive").to_table().to_pandas()
     assert t["impression_id"].tolist() == ["imp-1"]
+
+
+def test_batch_scoring_writes_serving_schema(config, tmp_path):
+    import pandas as pd
+
+    from lattice.monitoring.records import frame_batch, write_partitioned
+
+    schema = LogSchema(config)
+    frame = pd.DataFrame({"example_id": ["e1", "e2"], "domain": ["feed", "video"], "user_id": [1, 2],
+                          "ad_id": [5.0, np.nan], "device": pd.array([3, None], dtype="Int64"),
+                          "price": [2.0, 0.0], "price_present": [1, 0], "user_click_count_1d": [4.0, 0.0]})
+    table = frame_batch(schema, frame, {"click": np.array([0.1, 0.2]), "conversion": np.array([0.01, 0.0])},
+                        [[], ["ad_id"]], model_version=3, logged_at=1_767_618_000.0)  # 2026-01-05T13:00Z
+    assert table.schema == schema.schema
+    write_partitioned(table, tmp_path)
+    t = ds.dataset(str(tmp_path), format="parquet", partitioning="hive").to_table().to_pandas()
+    assert t["hour"].tolist() == ["2026-01-05T13"] * 2
+    assert t["request_id"].tolist() == ["e1", "e2"] and t["origin"].tolist() == ["batch"] * 2
+    assert t["ad_id"].iloc[0] == 5 and pd.isna(t["ad_id"].iloc[1])
+    assert t["f.device"].iloc[0] == 3 and pd.isna(t["f.device"].iloc[1])
+    assert t["f.price"].iloc[0] == 2.0 and pd.isna(t["f.price"].iloc[1])  # present = 0: null, not 0.0
+    assert t["f.user_click_count_1d"].tolist() == [4.0, 0.0]
+    assert t["unknown_entities"].tolist() == ["", "ad_id"]
