@@ -5,7 +5,7 @@ Kept apart from schema.py (which holds one field for it) so that the section gro
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Union
+from typing import Annotated, Literal, Union  # noqa: F401
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -81,8 +81,6 @@ Rule = Annotated[Union[CalibrationRule, DriftRule, NeRegressionRule], Field(disc
 class Monitoring(_Strict):
     prediction_log: PredictionLog = Field(default_factory=PredictionLog)
     """The log of what serving predicted, which the monitor joins with labels."""
-    period: Literal["hour", "day"] = "day"
-    """The length of one period of the monitor's per-cell series."""
     rules: list[Rule] = Field(default_factory=list)
     """Checks over the per-cell series; one that trips is listed in the monitor's `tripped`."""
     cooldown_hours: float = Field(default=24.0, ge=0)
