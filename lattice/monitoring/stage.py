@@ -52,7 +52,7 @@ def _training_reference(config: PlatformConfig, paths: Paths) -> pd.DataFrame:
     cols = [c for c in ["domain", *dense, *(S.present_column(c) for c in dense)] if c in data.schema.names]
     flt = ds.field("split") == "train" if "split" in data.schema.names else None
     frame = data.to_table(columns=cols, filter=flt).to_pandas()
-    if frame.groupby("domain").size().max(initial=0) <= REFERENCE_ROWS:
+    if frame.empty or frame.groupby("domain").size().max() <= REFERENCE_ROWS:
         return frame
     # a random sample per domain (the table is ordered by date: its first rows are its oldest days)
     return frame.sample(frac=1.0, random_state=0).groupby("domain").head(REFERENCE_ROWS)
