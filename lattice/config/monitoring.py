@@ -81,6 +81,9 @@ Rule = Annotated[Union[CalibrationRule, DriftRule, NeRegressionRule], Field(disc
 class Monitoring(_Strict):
     prediction_log: PredictionLog = Field(default_factory=PredictionLog)
     """The log of what serving predicted, which the monitor joins with labels."""
+    metrics: bool = True
+    """Serving counts requests, latencies and per-cell predictions and exposes them at
+    `GET /metrics` in Prometheus' text format; off: no counters and no /metrics route."""
     rules: list[Rule] = Field(default_factory=list)
     """Checks over the per-cell series; one that trips is listed in the monitor's `tripped`."""
     cooldown_hours: float = Field(default=24.0, ge=0)

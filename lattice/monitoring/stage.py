@@ -100,6 +100,11 @@ def monitor(config: PlatformConfig, paths: Paths, start: str | dt.datetime | Non
     `tripped` lists the rules to act on (rule, cell, model version, figures, reason)."""
     if period not in C.PERIOD_FREQ:
         raise ValueError(f"period must be one of {sorted(C.PERIOD_FREQ)}, got {period!r}")
+    dense = S.dense_columns(config)
+    for i, rule in enumerate(config.monitoring.rules):
+        if rule.kind == "drift" and rule.feature != "*" and rule.feature not in dense:
+            raise ValueError(f"monitoring.rules[{i}].feature: {rule.feature!r} is not a dense feature column; "
+                             f"use one of {dense} or '*'")
     t0 = time.perf_counter()
     out_dir = monitoring_dir(paths)
     out_dir.mkdir(parents=True, exist_ok=True)

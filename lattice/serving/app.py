@@ -332,7 +332,8 @@ def create_app(config: PlatformConfig, paths: Paths, poll_seconds: float = 2.0, 
     app = FastAPI(title=f"Lattice {config.name} ranking", lifespan=lifespan)
     if limits.access_log:
         app.add_middleware(AccessLog)
-    app.add_middleware(MetricsMiddleware, metrics=ops.metrics)
+    if ops.metrics is not None:
+        app.add_middleware(MetricsMiddleware, metrics=ops.metrics)
 
     @app.exception_handler(Exception)
     async def internal_error(request: Request, exc: Exception) -> JSONResponse:
@@ -395,6 +396,8 @@ def create_app(config: PlatformConfig, paths: Paths, poll_seconds: float = 2.0, 
 
     @app.get("/metrics")
     async def metrics() -> Response:
+        if ops.metrics is None:
+            return JSONResponse(status_code=404, content={"detail": "metrics are off (monitoring.metrics: false)"})
         served = server_box["s"].slot.current
         ops.model_version(served.version if served else None)
         ops.health()  # drops counted since the last write reach the counter too

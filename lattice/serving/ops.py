@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 class ServingOps:
     def __init__(self, config: PlatformConfig, workdir: Path | None):
         settings = config.monitoring.prediction_log
-        self.metrics = ServingMetrics()
+        self.metrics = ServingMetrics() if config.monitoring.metrics else None
         self.writer: PredictionLogWriter | None = None
         if settings.enabled and workdir is not None:
             schema = LogSchema(config, features=settings.features)
@@ -39,12 +39,14 @@ class ServingOps:
         self._version: int | None = None
 
     def _written(self, n: int, lag: float) -> None:
+        if self.metrics is None:
+            return
         self.metrics.log_written.inc(n)
         self.metrics.log_lag.set(lag)
         self._sync_drops()
 
     def _sync_drops(self) -> None:
-        if self.writer is None:
+        if self.writer is None or self.metrics is None:
             return
         for reason, n in list(self.writer.dropped.items()):
             seen = self._reported.get(reason, 0)
@@ -53,27 +55,15 @@ class ServingOps:
                 self._reported[reason] = n
 
     def model_version(self, version: int | None) -> None:
-        if version is not None and version != self._version:
+        if version is not None and version != self._version and self.metrics is not None:
             self.metrics.model_version.set(version)
             self._version = version
 
     def record(self, reqs: list, cols, probs: dict[str, np.ndarray], unknown: list[list[str]], store_errors: int,
                store_reads: int, version: int) -> None:
         """One scored batch: metrics now, the log rows handed to the writer's thread."""
-        try:
-            m = self.metrics
-            self.model_version(version)
-            m.observe_predictions(cols.domain, probs)
-            if store_errors:
-                m.store_errors.inc(store_errors)
-            elif any(unknown):  # with the store unreadable, "unknown" says nothing about the entity
-                for u in unknown:
-                    for key in u:
-                        m.unknown.labels(key).inc()
-            if store_reads:
-                m.store_reads.inc(store_reads)
-        except Exception as exc:  # a metrics bug must not fail a scored request
-            self._once("metrics", exc)
+        if self.metrics is not None:
+            self._count(cols, probs, unknown, store_errors, store_reads, version)
         if self.writer is None:
             return
         try:
@@ -91,6 +81,22 @@ class ServingOps:
             self.writer._drop("record_error", len(reqs))
             self._sync_drops()
             self._once("log", exc)
+
+    def _count(self, cols, probs, unknown, store_errors: int, store_reads: int, version: int) -> None:
+        try:
+            m = self.metrics
+            self.model_version(version)
+            m.observe_predictions(cols.domain, probs)
+            if store_errors:
+                m.store_errors.inc(store_errors)
+            elif any(unknown):  # with the store unreadable, "unknown" says nothing about the entity
+                for u in unknown:
+                    for key in u:
+                        m.unknown.labels(key).inc()
+            if store_reads:
+                m.store_reads.inc(store_reads)
+        except Exception as exc:  # a metrics bug must not fail a scored request
+            self._once("metrics", exc)
 
     def _once(self, what: str, exc: Exception) -> None:
         if what not in self._failed_once:
@@ -113,4 +119,5 @@ class ServingOps:
         if self.writer is not None:
             self.writer.close()
             self._sync_drops()
-        self.metrics.close()
+        if self.metrics is not None:
+            self.metrics.close()

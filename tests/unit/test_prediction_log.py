@@ -203,3 +203,12 @@ def test_batch_scoring_writes_serving_schema(config, tmp_path):
     assert t["f.price"].iloc[0] == 2.0 and pd.isna(t["f.price"].iloc[1])  # present = 0: null, not 0.0
     assert t["f.user_click_count_1d"].tolist() == [4.0, 0.0]
     assert t["unknown_entities"].tolist() == ["", "ad_id"]
+
+
+def test_both_off(config, tmp_path):
+    cfg = config.model_copy(update={"monitoring": config.monitoring.model_copy(update={"metrics": False})})
+    with TestClient(_app(cfg, tmp_path, enabled=False)) as client:
+        assert client.post("/predict", json=_req(0)).status_code == 200
+        assert client.get("/metrics").status_code == 404
+        assert client.get("/healthz").json()["prediction_log"] is None
+    assert not log_dir(tmp_path).exists()
