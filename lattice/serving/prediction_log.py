@@ -78,7 +78,21 @@ class PredictionLogWriter:
             self._pending = 0
         return items
 
+    def _warm_up(self) -> None:
+        """Build and encode an empty part once: the first real write would otherwise pay for
+        pyarrow's lazy imports (pandas among them; seconds on a loaded machine), a window in
+        which a killed server loses more than `flush_seconds` of records."""
+        import io
+
+        import pyarrow.parquet as pq
+
+        try:
+            pq.write_table(self.schema.schema.empty_table(), io.BytesIO())
+        except Exception:  # noqa: BLE001 - only a warm-up; the real write reports its own errors
+            pass
+
     def _run(self) -> None:
+        self._warm_up()
         while True:
             with self._cond:
                 if not self._closing and self._pending < self.flush_records:
