@@ -78,7 +78,7 @@ class ServingOps:
             if not ok:
                 self._sync_drops()
         except Exception as exc:
-            self.writer._drop("record_error", len(reqs))
+            self.writer.count_dropped("record_error", len(reqs))
             self._sync_drops()
             self._once("log", exc)
 

@@ -51,8 +51,13 @@ class PredictionLogWriter:
     def dropped_total(self) -> int:
         return sum(self.dropped.values())
 
+    def count_dropped(self, reason: str, n: int) -> None:
+        """Records lost before they reached the queue (the caller could not build them)."""
+        self._drop(reason, n)
+
     def _drop(self, reason: str, n: int) -> None:
-        self.dropped[reason] = self.dropped.get(reason, 0) + n
+        with self._cond:  # re-entrant (Condition's default RLock): request threads and the writer both count
+            self.dropped[reason] = self.dropped.get(reason, 0) + n
 
     def submit(self, n: int, **columns: Any) -> bool:
         """Queue `n` rows (the keyword arguments of `record_batch`); False when dropped. Cheap
