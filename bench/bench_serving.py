@@ -366,8 +366,6 @@ def stores_bench(args) -> None:
     config = load_config(cfg_file)
     paths = Paths.for_config(config, wd)
     reqs = requests_from_window(config, paths, 256 * args.batches)
-    if args.ops:
-        return ops_bench(config, cfg_file, wd, args, reqs)
     layout = ls.Layout(home=base / "services", secrets=base / "secrets",
                        ports={**ls.DEFAULT_PORTS, "redis": args.port + 1})
     ls.start_redis(layout)
@@ -492,6 +490,8 @@ def main() -> None:
     config = load_config(cfg_file)
     paths = Paths.for_config(config, wd)
     reqs = requests_from_window(config, paths, 256 * args.batches)
+    if args.ops:
+        return ops_bench(config, cfg_file, wd, args, reqs)
 
     import yaml
 
