@@ -59,15 +59,19 @@ def _key(frame: pd.DataFrame, passthrough: list[str], id_column: str) -> pd.Seri
     return key
 
 
-def read_labels(config: PlatformConfig, consolidated: Path) -> pd.DataFrame:
-    """Example identity, domain and label + mask per objective from the consolidated table."""
+def read_labels(config: PlatformConfig, consolidated: Path, request_ids: list[str] | None = None) -> pd.DataFrame:
+    """Example identity, domain and label + mask per objective from the consolidated table.
+    `request_ids`: read only these examples (possible when no source has pass-through keys,
+    which would join other rows)."""
     data = _dataset(consolidated)
     if data is None:
         return pd.DataFrame()
     objs = config.objective_names
-    want = ["example_id", "domain", *S.passthrough_columns(config)] + [S.label_column(o) for o in objs] + [S.mask_column(o) for o in objs]
+    passthrough = S.passthrough_columns(config)
+    want = ["example_id", "domain", *passthrough] + [S.label_column(o) for o in objs] + [S.mask_column(o) for o in objs]
     cols = [c for c in want if c in data.schema.names]
-    return data.to_table(columns=cols).to_pandas()
+    flt = ds.field("example_id").isin(request_ids) if request_ids is not None and not passthrough else None
+    return data.to_table(columns=cols, filter=flt).to_pandas()
 
 
 def join_labels(config: PlatformConfig, log: pd.DataFrame, labels: pd.DataFrame) -> pd.DataFrame:

@@ -113,7 +113,11 @@ def monitor(config: PlatformConfig, paths: Paths, start: str | dt.datetime | Non
     logged = read_log(paths.workdir, start, end)
     if not logged.empty:
         logged = C.add_period(logged, period)
-    joined = join_labels(config, logged, read_labels(config, paths.consolidated)) if not logged.empty else logged
+    if not logged.empty:
+        ids = logged["request_id"].dropna().astype(str).unique().tolist()
+        joined = join_labels(config, logged, read_labels(config, paths.consolidated, ids))
+    else:
+        joined = logged
     first = logged["period_start"].min() if not logged.empty else None
     cells = _period_index(C.cell_table(config, joined), first, period)
     drift = pd.DataFrame()
