@@ -21,7 +21,10 @@ def plot_calibration(cells: pd.DataFrame, rules: list) -> str | None:
     """One panel per (domain, objective): calibration per period, one line per model version."""
     if cells.empty:
         return None
+    cells = cells[cells["calibration"].notna()]  # a period without positives has no ratio
     keys = list(cells.groupby(["domain", "objective"]).groups)
+    if not keys:
+        return None
     cols = min(3, len(keys))
     rows = (len(keys) + cols - 1) // cols
     fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.0 * rows), squeeze=False)
@@ -40,6 +43,7 @@ def plot_calibration(cells: pd.DataFrame, rules: list) -> str | None:
     for ax in list(axes.flat)[len(keys):]:
         ax.set_visible(False)
     fig.suptitle("Online calibration per cell (band: the calibration rules' bounds)", fontsize=10)
+    fig.tight_layout(rect=(0, 0, 1, 0.95))
     return _png(fig)
 
 
