@@ -431,6 +431,59 @@ def _log_rows(wd: Path) -> int:
     return sum(pq.ParquetFile(f).metadata.num_rows for f in (wd / "prediction_log").rglob("part-*.parquet"))
 
 
+def ops_in_process(config, paths, reqs: list[dict], loops: int = 300) -> dict:
+    """What recording adds to the request path, without HTTP or the machine's other load in the
+    figure: `Server.score` with the prediction log + metrics (`ServingOps`) and without, the
+    champion and the online store as served, alternated call by call; medians in microseconds."""
+    from lattice.export.predictor import Predictor
+    from lattice.registry import CHAMPION, ModelRegistry
+    from lattice.serving.app import Server
+    from lattice.serving.online import OnlineFeatures
+    from lattice.serving.ops import ServingOps
+    from lattice.serving.requests import PredictRequest, RequestSchema
+    from lattice.serving.slot import ModelSlot
+
+    import torch
+
+    torch.set_num_threads(1)
+    reg = ModelRegistry(config, paths)
+    info = reg.by_alias(CHAMPION)
+    pred = Predictor.load(reg.download(info), version=info)
+    server = Server.__new__(Server)
+    server.config, server.paths, server.schema = config, paths, RequestSchema(config)
+    server.slot = ModelSlot(lambda: info.version, lambda v: pred, poll_seconds=3600)
+    server.slot.refresh()
+    server.online = OnlineFeatures(config, paths)
+    server.online.open()
+    ops = ServingOps(config, Path(tempfile.mkdtemp(prefix="lattice-bench-ops-log-")))
+    out = {}
+    for n in (1, 256):
+        parsed = [PredictRequest.model_validate(r) for r in reqs[:n]]
+        times = {"off": [], "on": []}
+        for i in range(loops if n == 1 else loops // 10):
+            for mode, o in (("off", None), ("on", ops)) if i % 2 else (("on", ops), ("off", None)):
+                t = time.perf_counter()
+                server.score(parsed, o)
+                times[mode].append((time.perf_counter() - t) * 1e6)
+        out[n] = {m: float(np.median(v)) for m, v in times.items()}
+        # the request path's own share: `ServingOps.record` alone (metrics + the hand-over to the
+        # writer's queue), which the two medians above bury in the machine's noise
+        from lattice.serving.frame import request_columns
+
+        cols = request_columns(config, parsed, {})
+        probs = {o: np.full(n, 0.1) for o in config.objective_names}
+        unknown = [[] for _ in range(n)]
+        rec = []
+        for _ in range(loops if n == 1 else loops // 5):
+            t = time.perf_counter()
+            ops.record(parsed, cols, probs, unknown, 0, 0, info.version)
+            rec.append((time.perf_counter() - t) * 1e6)
+        out[n]["record"] = float(np.median(rec))
+    ops.close()
+    out["log_rows"] = ops.writer.written
+    return out
+
+
 def ops_bench(config, cfg_file: str, wd: Path, args, reqs: list[dict]) -> None:
     """Prediction log + /metrics on vs off, alternated (on, off, on, off, ...) so that the
     machine's load drifts over both alike."""
@@ -459,6 +512,14 @@ def ops_bench(config, cfg_file: str, wd: Path, args, reqs: list[dict]) -> None:
     print(f"  on / off: single p99 x{med['on']['p99'] / med['off']['p99']:.3f}   batched predictions/s "
           f"x{med['on']['pps'] / med['off']['pps']:.3f}")
     print(f"  prediction log: {logged:,} rows written for {sent:,} predictions sent")
+    from lattice.paths import Paths
+
+    inproc = ops_in_process(config, Paths.for_config(config, wd), reqs)
+    print("  in process, Server.score with vs without recording (medians, alternated call by call):")
+    for n in (1, 256):
+        r = inproc[n]
+        print(f"    {n:>3} request(s): {r['off']:8.0f} us -> {r['on']:8.0f} us   (x{r['on'] / r['off']:.3f});  "
+              f"recording alone {r['record']:.0f} us ({r['record'] / r['off']:.1%} of scoring)")
 
 
 def main() -> None:

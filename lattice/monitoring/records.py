@@ -69,23 +69,30 @@ class LogSchema:
         self.schema = pa.schema(fields)
 
 
-def record_batch(schema: LogSchema, *, request_id: list, logged_at: float | np.ndarray, origin: str, domain,
-                 model_version: int | None, entities: dict[str, tuple[np.ndarray, np.ndarray]],
+def _per_row(value, n: int, dtype=object) -> np.ndarray:
+    return np.asarray(value, dtype) if isinstance(value, (np.ndarray, list)) else np.full(n, value, dtype)
+
+
+def record_batch(schema: LogSchema, *, request_id: list, logged_at: float | np.ndarray, origin: str | np.ndarray, domain,
+                 model_version: int | None | np.ndarray, entities: dict[str, tuple[np.ndarray, np.ndarray]],
                  passthrough: dict[str, list], probabilities: dict[str, np.ndarray], unknown: list[list[str]],
-                 store_error: bool, sparse: dict[str, tuple[np.ndarray, np.ndarray]], dense: dict[str, np.ndarray],
+                 store_error: bool | np.ndarray, sparse: dict[str, tuple[np.ndarray, np.ndarray]], dense: dict[str, np.ndarray],
                  dense_present: dict[str, np.ndarray] | None = None) -> pa.Table:
     """Columns of n scored rows -> an Arrow table in the log's schema.
 
     entities / sparse: column -> (int64 ids, present mask); dense: column -> float64 values, null
-    where `dense_present` says the value was not sent; passthrough: column -> values (None: not sent)."""
+    where `dense_present` says the value was not sent; passthrough: column -> values (None: not sent).
+    logged_at, origin, model_version and store_error: one value for every row, or one per row
+    (model_version -1 per row: none)."""
     n = len(request_id)
-    ts = np.full(n, int(logged_at * 1e6), np.int64) if np.isscalar(logged_at) else (np.asarray(logged_at) * 1e6).astype(np.int64)
+    ts = (_per_row(logged_at, n, np.float64) * 1e6).astype(np.int64)
+    version = _per_row(-1 if model_version is None else model_version, n, np.int64)
     cols: dict[str, pa.Array] = {
         "request_id": pa.array(request_id, pa.string()),
         "logged_at": pa.array(ts, pa.timestamp("us", tz="UTC")),
-        "origin": pa.array([origin] * n, pa.string()),
+        "origin": pa.array(_per_row(origin, n), pa.string()),
         "domain": pa.array(np.asarray(domain, dtype=object), pa.string()),
-        "model_version": pa.array([model_version] * n, pa.int64()),
+        "model_version": pa.array(version, pa.int64(), mask=version < 0),
     }
     missing = np.zeros(n, bool)
     for k in schema.entity_keys:
@@ -97,7 +104,7 @@ def record_batch(schema: LogSchema, *, request_id: list, logged_at: float | np.n
     for o in schema.objectives:
         cols[f"p_{o}"] = pa.array(np.asarray(probabilities[o], np.float64), pa.float64())
     cols["unknown_entities"] = pa.array([",".join(u) for u in unknown], pa.string())
-    cols["store_error"] = pa.array(np.full(n, bool(store_error)), pa.bool_())
+    cols["store_error"] = pa.array(_per_row(store_error, n, bool), pa.bool_())
     for c in schema.sparse:
         if c in sparse:
             ids, present = sparse[c]
@@ -112,6 +119,53 @@ def record_batch(schema: LogSchema, *, request_id: list, logged_at: float | np.n
         else:
             cols[feature_column(c)] = pa.nulls(n, pa.float64())
     return pa.table(cols, schema=schema.schema)
+
+
+def merge_columns(items: list[dict]) -> dict:
+    """Many `record_batch` argument sets (one per scored request) -> one, so that a flush builds
+    one Arrow table (a few dozen array conversions) instead of one per request: for single
+    requests that is most of the log's cost."""
+    if len(items) == 1:
+        return items[0]
+    ns = [len(c["request_id"]) for c in items]
+    total = sum(ns)
+
+    def rows(name, dtype, fill):
+        return np.concatenate([_per_row(fill if c[name] is None else c[name], n, dtype) for c, n in zip(items, ns)])
+
+    def pairs(group: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        names = dict.fromkeys(k for c in items for k in c[group])
+        out = {}
+        for k in names:
+            ids = [c[group][k][0] if k in c[group] else np.zeros(n, np.int64) for c, n in zip(items, ns)]
+            present = [c[group][k][1] if k in c[group] else np.zeros(n, bool) for c, n in zip(items, ns)]
+            out[k] = (np.concatenate(ids), np.concatenate(present))
+        return out
+
+    dense_names = dict.fromkeys(k for c in items for k in c["dense"])
+    dense, present = {}, {}
+    for k in dense_names:
+        dense[k] = np.concatenate([np.asarray(c["dense"][k], np.float64) if k in c["dense"] else np.zeros(n)
+                                   for c, n in zip(items, ns)])
+        present[k] = np.concatenate([
+            np.asarray((c.get("dense_present") or {})[k], bool) if k in (c.get("dense_present") or {})
+            else np.full(n, k in c["dense"]) for c, n in zip(items, ns)])
+    pt_names = dict.fromkeys(k for c in items for k in c["passthrough"])
+    return {
+        "request_id": [r for c in items for r in c["request_id"]],
+        "logged_at": rows("logged_at", np.float64, 0.0),
+        "origin": rows("origin", object, None),
+        "domain": np.concatenate([np.asarray(c["domain"], object) for c in items]),
+        "model_version": rows("model_version", np.int64, -1),
+        "entities": pairs("entities"),
+        "passthrough": {k: [v for c, n in zip(items, ns) for v in (c["passthrough"].get(k) or [None] * n)] for k in pt_names},
+        "probabilities": {o: np.concatenate([np.asarray(c["probabilities"][o], np.float64) for c in items])
+                          for o in items[0]["probabilities"]},
+        "unknown": [u for c in items for u in c["unknown"]],
+        "store_error": rows("store_error", bool, False),
+        "sparse": pairs("sparse"),
+        "dense": dense, "dense_present": present,
+    } if total else items[0]
 
 
 def write_partitioned(table: pa.Table, root: Path) -> list[Path]:

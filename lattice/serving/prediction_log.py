@@ -18,9 +18,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any, Callable
 
-import pyarrow as pa
-
-from lattice.monitoring.records import LogSchema, record_batch, write_partitioned
+from lattice.monitoring.records import LogSchema, merge_columns, record_batch, write_partitioned
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +116,7 @@ class PredictionLogWriter:
             return
         n = sum(len(c["request_id"]) for _, c in items)
         try:
-            table = pa.concat_tables([record_batch(self.schema, **c) for _, c in items])
+            table = record_batch(self.schema, **merge_columns([c for _, c in items]))
         except Exception as exc:  # a bug in building the rows: count it, keep serving
             log.exception("prediction log: %d record(s) could not be built", n)
             self._drop("build_error", n)
