@@ -212,3 +212,28 @@ def test_both_off(config, tmp_path):
         assert client.get("/metrics").status_code == 404
         assert client.get("/healthz").json()["prediction_log"] is None
     assert not log_dir(tmp_path).exists()
+
+
+def test_merged_requests_make_the_same_rows(config):
+    """A flush merges many requests' columns into one table: the rows equal those of each
+    request's own table, whatever each request carried."""
+    import pyarrow as pa
+
+    from lattice.monitoring.records import merge_columns, record_batch
+
+    schema = LogSchema(config)
+    ids = lambda *v: (np.array(v, np.int64), np.ones(len(v), bool))
+
+    def item(rid, n, version, price, origin="serve"):
+        return dict(request_id=[f"{rid}{i}" for i in range(n)], logged_at=1_767_618_000.0 + n, origin=origin,
+                    domain=["feed"] * n, model_version=version, entities={"user_id": ids(*range(n)), "ad_id": ids(*range(n))},
+                    passthrough={}, probabilities={"click": np.full(n, 0.1 * n), "conversion": np.zeros(n)},
+                    unknown=[["ad_id"]] * n, store_error=n == 2, sparse={"device": ids(*[5] * n)},
+                    dense={} if price is None else {"price": np.full(n, price)},
+                    dense_present={} if price is None else {"price": np.ones(n, bool)})
+
+    items = [item("a", 1, 4, 2.5), item("b", 2, None, None, origin="batch"), item("c", 3, 5, 1.0)]
+    merged = record_batch(schema, **merge_columns(items))
+    separate = pa.concat_tables([record_batch(schema, **c) for c in items])
+    assert merged.equals(separate)
+    assert merged.column("model_version").to_pylist() == [4, None, None, 5, 5, 5]
