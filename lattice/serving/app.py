@@ -1,4 +1,4 @@
-"""The FastAPI app: POST /predict, GET /healthz, GET /metadata.
+"""The FastAPI app: POST /predict, GET /healthz, GET /metadata, GET /metrics.
 
     request(s) --validate--> entity keys --Feast online store--> aggregate features
                --frame in the training-set layout--> champion artifact --> p(objective)
@@ -11,7 +11,9 @@ Bad input gets a 4xx with a message, never a 500: 401 without the token (when
 `serving.max_body_bytes` (refused from its Content-Length, or as soon as the stream passes the
 limit) or a batch over `serving.max_batch`, 400 for a body that is not UTF-8 or is nested too
 deeply, 422 for the rest (see `parse_body` and requests.py). Each request is one line on the
-`lattice.serving.access` logger (`serving.access_log`).
+`lattice.serving.access` logger (`serving.access_log`). Every scored batch is recorded by
+`ServingOps` (ops.py): the prediction log and the Prometheus counters behind `/metrics`, which
+is open like /healthz (counts only, no request data).
 """
 
 from __future__ import annotations
