@@ -485,7 +485,7 @@ def ops_in_process(config, paths, reqs: list[dict], loops: int = 300) -> dict:
 
 
 def ops_bench(config, cfg_file: str, wd: Path, args, reqs: list[dict]) -> None:
-    """Prediction log + /metrics on vs off, alternated (on, off, on, off, ...) so that the
+    """Prediction log + /metrics on vs off, alternated (on, off, off, on, ...) so that the
     machine's load drifts over both alike."""
     on_cfg = _config_with(config, "lattice-bench-ops-on-", {"monitoring.metrics": True, "monitoring.prediction_log.enabled": True})
     off_cfg = _config_with(config, "lattice-bench-ops-off-", {"monitoring.metrics": False, "monitoring.prediction_log.enabled": False})
@@ -493,7 +493,8 @@ def ops_bench(config, cfg_file: str, wd: Path, args, reqs: list[dict]) -> None:
     results: dict[str, list[dict]] = {"on": [], "off": []}
     sent = logged = 0
     for run in range(args.runs):
-        for mode, cfg in (("on", on_cfg), ("off", off_cfg)):
+        pair = (("on", on_cfg), ("off", off_cfg))
+        for mode, cfg in (pair if run % 2 == 0 else pair[::-1]):  # neither always goes first
             before = _log_rows(wd)
             res = serve_and_measure(cfg, wd, url, args, reqs)
             results[mode].append(res)
