@@ -121,51 +121,59 @@ def record_batch(schema: LogSchema, *, request_id: list, logged_at: float | np.n
     return pa.table(cols, schema=schema.schema)
 
 
-def merge_columns(items: list[dict]) -> dict:
+def merge_columns(items: list[dict], schema: LogSchema | None = None) -> dict:
     """Many `record_batch` argument sets (one per scored request) -> one, so that a flush builds
     one Arrow table (a few dozen array conversions) instead of one per request: for single
-    requests that is most of the log's cost."""
+    requests that is most of the log's cost. Runs in the writer's thread, holding the GIL in its
+    Python parts: one concatenation per column, no per-request work beyond a dict lookup."""
     if len(items) == 1:
         return items[0]
-    ns = [len(c["request_id"]) for c in items]
-    total = sum(ns)
+    ns = np.array([len(c["request_id"]) for c in items])
 
-    def rows(name, dtype, fill):
-        return np.concatenate([_per_row(fill if c[name] is None else c[name], n, dtype) for c, n in zip(items, ns)])
+    def scalar_or_rows(name: str, dtype, fill) -> np.ndarray:
+        vals = [c[name] for c in items]
+        if all(np.isscalar(v) or v is None for v in vals):  # the usual case: one value per request
+            return np.repeat(np.array([fill if v is None else v for v in vals], dtype), ns)
+        return np.concatenate([_per_row(fill if v is None else v, n, dtype) for v, n in zip(vals, ns)])
 
-    def pairs(group: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-        names = dict.fromkeys(k for c in items for k in c[group])
-        out = {}
-        for k in names:
-            ids = [c[group][k][0] if k in c[group] else np.zeros(n, np.int64) for c, n in zip(items, ns)]
-            present = [c[group][k][1] if k in c[group] else np.zeros(n, bool) for c, n in zip(items, ns)]
-            out[k] = (np.concatenate(ids), np.concatenate(present))
-        return out
+    def column(group: str, k: str, part: int | None, make) -> np.ndarray:
+        got = [c[group].get(k) for c in items]
+        return np.concatenate([make(n) if g is None else (g if part is None else g[part]) for g, n in zip(got, ns)])
 
-    dense_names = dict.fromkeys(k for c in items for k in c["dense"])
-    dense, present = {}, {}
-    for k in dense_names:
-        dense[k] = np.concatenate([np.asarray(c["dense"][k], np.float64) if k in c["dense"] else np.zeros(n)
-                                   for c, n in zip(items, ns)])
-        present[k] = np.concatenate([
-            np.asarray((c.get("dense_present") or {})[k], bool) if k in (c.get("dense_present") or {})
-            else np.full(n, k in c["dense"]) for c, n in zip(items, ns)])
+    def pairs(group: str, wanted: list[str] | None = None) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        names = wanted if wanted is not None else dict.fromkeys(k for c in items for k in c[group])
+        return {k: (column(group, k, 0, lambda n: np.zeros(n, np.int64)), column(group, k, 1, lambda n: np.zeros(n, bool)))
+                for k in names}
+
+    # only the columns the log keeps (a request's dense dict also holds presence flags)
+    dense_names = schema.dense if schema is not None else list(dict.fromkeys(k for c in items for k in c["dense"]))
+    sparse_names = schema.sparse if schema is not None else None
+    for c in items:
+        c.setdefault("dense_present", {})
+    dense = {k: column("dense", k, None, np.zeros) for k in dense_names if any(k in c["dense"] for c in items)}
+    present = {}
+    for k in dense:
+        flags = [c["dense_present"].get(k) for c in items]
+        if all(f is None for f in flags) and all(k in c["dense"] for c in items):
+            continue  # present wherever it is given: no mask (aggregates)
+        present[k] = np.concatenate([np.full(n, k in c["dense"]) if f is None else np.asarray(f, bool)
+                                     for f, c, n in zip(flags, items, ns)])
     pt_names = dict.fromkeys(k for c in items for k in c["passthrough"])
     return {
         "request_id": [r for c in items for r in c["request_id"]],
-        "logged_at": rows("logged_at", np.float64, 0.0),
-        "origin": rows("origin", object, None),
+        "logged_at": scalar_or_rows("logged_at", np.float64, 0.0),
+        "origin": scalar_or_rows("origin", object, None),
         "domain": np.concatenate([np.asarray(c["domain"], object) for c in items]),
-        "model_version": rows("model_version", np.int64, -1),
+        "model_version": scalar_or_rows("model_version", np.int64, -1),
         "entities": pairs("entities"),
         "passthrough": {k: [v for c, n in zip(items, ns) for v in (c["passthrough"].get(k) or [None] * n)] for k in pt_names},
-        "probabilities": {o: np.concatenate([np.asarray(c["probabilities"][o], np.float64) for c in items])
+        "probabilities": {o: np.concatenate([c["probabilities"][o] for c in items]).astype(np.float64, copy=False)
                           for o in items[0]["probabilities"]},
         "unknown": [u for c in items for u in c["unknown"]],
-        "store_error": rows("store_error", bool, False),
-        "sparse": pairs("sparse"),
+        "store_error": scalar_or_rows("store_error", bool, False),
+        "sparse": pairs("sparse", sparse_names),
         "dense": dense, "dense_present": present,
-    } if total else items[0]
+    }
 
 
 def write_partitioned(table: pa.Table, root: Path) -> list[Path]:

@@ -116,7 +116,7 @@ class PredictionLogWriter:
             return
         n = sum(len(c["request_id"]) for _, c in items)
         try:
-            table = record_batch(self.schema, **merge_columns([c for _, c in items]))
+            table = record_batch(self.schema, **merge_columns([c for _, c in items], self.schema))
         except Exception as exc:  # a bug in building the rows: count it, keep serving
             log.exception("prediction log: %d record(s) could not be built", n)
             self._drop("build_error", n)

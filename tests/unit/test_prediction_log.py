@@ -234,6 +234,7 @@ def test_merged_requests_make_the_same_rows(config):
 
     items = [item("a", 1, 4, 2.5), item("b", 2, None, None, origin="batch"), item("c", 3, 5, 1.0)]
     merged = record_batch(schema, **merge_columns(items))
+    assert record_batch(schema, **merge_columns([dict(c) for c in items], schema)).equals(merged)
     separate = pa.concat_tables([record_batch(schema, **c) for c in items])
     assert merged.equals(separate)
     assert merged.column("model_version").to_pylist() == [4, None, None, 5, 5, 5]
