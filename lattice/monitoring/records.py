@@ -192,8 +192,12 @@ def write_partitioned(table: pa.Table, root: Path) -> list[Path]:
         folder.mkdir(parents=True, exist_ok=True)
         name = f"part-{os.getpid()}-{uuid.uuid4().hex[:12]}.parquet"
         tmp = folder / f".{name}.tmp"
-        pq.write_table(part, tmp, compression="zstd")
-        os.replace(tmp, folder / name)
+        try:
+            pq.write_table(part, tmp, compression="zstd")
+            os.replace(tmp, folder / name)
+        except BaseException:
+            tmp.unlink(missing_ok=True)  # a full disk must not leave half a part behind to fill it further
+            raise
         out.append(folder / name)
     return out
 
