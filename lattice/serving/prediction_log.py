@@ -23,6 +23,10 @@ from lattice.monitoring.records import LogSchema, merge_columns, record_batch, w
 log = logging.getLogger(__name__)
 
 
+def _yield_gil() -> None:
+    time.sleep(0)
+
+
 class PredictionLogWriter:
     def __init__(self, schema: LogSchema, root: Path, queue_records: int = 100_000, flush_seconds: float = 1.0,
                  flush_records: int = 5_000, on_write: Callable[[int, float], None] | None = None):
@@ -116,7 +120,7 @@ class PredictionLogWriter:
             return
         n = sum(len(c["request_id"]) for _, c in items)
         try:
-            table = record_batch(self.schema, **merge_columns([c for _, c in items], self.schema))
+            table = record_batch(self.schema, **merge_columns([c for _, c in items], self.schema, pause=_yield_gil))
         except Exception as exc:  # a bug in building the rows: count it, keep serving
             log.exception("prediction log: %d record(s) could not be built", n)
             self._drop("build_error", n)
