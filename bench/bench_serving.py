@@ -11,6 +11,13 @@ Printed: p50/p99 per request and per batch, predictions/s, and the in-server spl
 online lookup and the model; then teacher vs student cost (params, FLOPs, measured forward time)
 and NE per cell.
 
+    .venv/bin/python bench/bench_serving.py --ops [--runs 3]
+
+instead measures what the prediction log and `/metrics` cost: the same server with both on
+(`monitoring.prediction_log.enabled`, `monitoring.metrics`) and with both off, alternated in one
+run; medians over `--runs` runs of single-request p99 and batched predictions/s, their ratios,
+and the log's rows against the predictions sent.
+
     .venv/bin/python bench/bench_serving.py --stores [--entities 1000000 --runs 3]
 
 instead compares the online stores and worker counts: Feast's SQLite store vs Redis (a private
@@ -398,6 +405,120 @@ def stores_bench(args) -> None:
         ls.stop_redis(layout)
 
 
+def _config_with(config, prefix: str, changes: dict) -> str:
+    """The config as YAML with `changes` (dotted key -> value) applied; its path."""
+    import yaml
+
+    data = config.model_dump(mode="json")
+    for dotted, value in changes.items():
+        *parents, leaf = dotted.split(".")
+        node = data
+        for key in parents:
+            node = node[key]
+        node[leaf] = value
+    out = Path(tempfile.mkdtemp(prefix=prefix)) / f"{config.name}.yaml"
+    out.write_text(yaml.safe_dump(data, sort_keys=False))
+    return str(out)
+
+
+def _log_rows(wd: Path) -> int:
+    import pyarrow.parquet as pq
+
+    return sum(pq.ParquetFile(f).metadata.num_rows for f in (wd / "prediction_log").rglob("part-*.parquet"))
+
+
+def ops_in_process(config, paths, reqs: list[dict], loops: int = 300) -> dict:
+    """What recording adds to the request path, without HTTP or the machine's other load in the
+    figure: `Server.score` with the prediction log + metrics (`ServingOps`) and without, the
+    champion and the online store as served, alternated call by call; medians in microseconds."""
+    from lattice.export.predictor import Predictor
+    from lattice.registry import CHAMPION, ModelRegistry
+    from lattice.serving.app import Server
+    from lattice.serving.online import OnlineFeatures
+    from lattice.serving.ops import ServingOps
+    from lattice.serving.requests import PredictRequest, RequestSchema
+    from lattice.serving.slot import ModelSlot
+
+    import torch
+
+    torch.set_num_threads(1)
+    reg = ModelRegistry(config, paths)
+    info = reg.by_alias(CHAMPION)
+    pred = Predictor.load(reg.download(info), version=info)
+    server = Server.__new__(Server)
+    server.config, server.paths, server.schema = config, paths, RequestSchema(config)
+    server.slot = ModelSlot(lambda: info.version, lambda v: pred, poll_seconds=3600)
+    server.slot.refresh()
+    server.online = OnlineFeatures(config, paths)
+    server.online.open()
+    ops = ServingOps(config, Path(tempfile.mkdtemp(prefix="lattice-bench-ops-log-")))
+    out = {}
+    for n in (1, 256):
+        parsed = [PredictRequest.model_validate(r) for r in reqs[:n]]
+        times = {"off": [], "on": []}
+        for i in range(loops if n == 1 else loops // 10):
+            for mode, o in (("off", None), ("on", ops)) if i % 2 else (("on", ops), ("off", None)):
+                t = time.perf_counter()
+                server.score(parsed, o)
+                times[mode].append((time.perf_counter() - t) * 1e6)
+        out[n] = {m: float(np.median(v)) for m, v in times.items()}
+        # the request path's own share: `ServingOps.record` alone (metrics + the hand-over to the
+        # writer's queue), which the two medians above bury in the machine's noise
+        from lattice.serving.frame import request_columns
+
+        cols = request_columns(config, parsed, {})
+        probs = {o: np.full(n, 0.1) for o in config.objective_names}
+        unknown = [[] for _ in range(n)]
+        rec = []
+        for _ in range(loops if n == 1 else loops // 5):
+            t = time.perf_counter()
+            ops.record(parsed, cols, probs, unknown, 0, 0, info.version)
+            rec.append((time.perf_counter() - t) * 1e6)
+        out[n]["record"] = float(np.median(rec))
+    ops.close()
+    out["log_rows"] = ops.writer.written
+    return out
+
+
+def ops_bench(config, cfg_file: str, wd: Path, args, reqs: list[dict]) -> None:
+    """Prediction log + /metrics on vs off, alternated (on, off, off, on, ...) so that the
+    machine's load drifts over both alike."""
+    on_cfg = _config_with(config, "lattice-bench-ops-on-", {"monitoring.metrics": True, "monitoring.prediction_log.enabled": True})
+    off_cfg = _config_with(config, "lattice-bench-ops-off-", {"monitoring.metrics": False, "monitoring.prediction_log.enabled": False})
+    url = f"http://127.0.0.1:{args.port}"
+    results: dict[str, list[dict]] = {"on": [], "off": []}
+    sent = logged = 0
+    for run in range(args.runs):
+        pair = (("on", on_cfg), ("off", off_cfg))
+        for mode, cfg in (pair if run % 2 == 0 else pair[::-1]):  # neither always goes first
+            before = _log_rows(wd)
+            res = serve_and_measure(cfg, wd, url, args, reqs)
+            results[mode].append(res)
+            if mode == "on":  # warm-up 20 + singles + batches of 256, all logged by the clean stop
+                sent += 20 + args.singles + 256 * args.batches
+                logged += _log_rows(wd) - before
+            print(f"  run {run + 1} {mode:<3}: single p99 {np.percentile(res['single_ms'], 99):6.2f} ms   "
+                  f"{res['predictions_per_s']:8,.0f} predictions/s", flush=True)
+    med = {m: {"p50": float(np.median([np.percentile(r["single_ms"], 50) for r in rs])),
+               "p99": float(np.median([np.percentile(r["single_ms"], 99) for r in rs])),
+               "pps": float(np.median([r["predictions_per_s"] for r in rs]))} for m, rs in results.items()}
+    print(f"\nprediction log + /metrics, on vs off ({args.runs} runs each, medians; single: {args.singles} sequential "
+          f"requests, batches: {args.batches} x 256)")
+    for m in ("off", "on"):
+        print(f"  {m:<3}  single p50 {med[m]['p50']:6.2f} ms  p99 {med[m]['p99']:6.2f} ms   batched {med[m]['pps']:9,.0f} predictions/s")
+    print(f"  on / off: single p99 x{med['on']['p99'] / med['off']['p99']:.3f}   batched predictions/s "
+          f"x{med['on']['pps'] / med['off']['pps']:.3f}")
+    print(f"  prediction log: {logged:,} rows written for {sent:,} predictions sent")
+    from lattice.paths import Paths
+
+    inproc = ops_in_process(config, Paths.for_config(config, wd), reqs)
+    print("  in process, Server.score with vs without recording (medians, alternated call by call):")
+    for n in (1, 256):
+        r = inproc[n]
+        print(f"    {n:>3} request(s): {r['off']:8.0f} us -> {r['on']:8.0f} us   (x{r['on'] / r['off']:.3f});  "
+              f"recording alone {r['record']:.0f} us ({r['record'] / r['off']:.1%} of scoring)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", help="platform config of an existing run (with --workdir)")
@@ -407,7 +528,8 @@ def main() -> None:
     ap.add_argument("--port", type=int, default=8765)
     ap.add_argument("--stores", action="store_true", help="compare SQLite vs Redis, 1 vs 2 workers (see above)")
     ap.add_argument("--entities", type=int, default=1_000_000, help="--stores: users each store is padded to")
-    ap.add_argument("--runs", type=int, default=3, help="--stores: runs per case (medians are printed)")
+    ap.add_argument("--runs", type=int, default=3, help="--stores, --ops: runs per case (medians are printed)")
+    ap.add_argument("--ops", action="store_true", help="prediction log + /metrics on vs off (see above)")
     args = ap.parse_args()
     if args.stores:
         print(f"machine: {platform.machine()}, {os.cpu_count()} cpus, load avg {os.getloadavg()[0]:.1f} (shared machine: noisy)")
@@ -426,6 +548,8 @@ def main() -> None:
     config = load_config(cfg_file)
     paths = Paths.for_config(config, wd)
     reqs = requests_from_window(config, paths, 256 * args.batches)
+    if args.ops:
+        return ops_bench(config, cfg_file, wd, args, reqs)
 
     import yaml
 

@@ -31,6 +31,8 @@ STAGES: dict[str, str] = {
     "hashing_fit": "lattice.hashing.fit:fit_hashing",
     # hyperparameter search on the validation split (Optuna study under <workdir>/tune/)
     "tune": "lattice.tuning.stages:tune",
+    # the served model's health: the prediction log joined with the labels that arrived, rules
+    "monitor": "lattice.monitoring.stage:monitor",
 }
 
 

@@ -15,7 +15,8 @@ def _predict(args: argparse.Namespace) -> int:
 
     config, paths = config_and_paths(args)
     try:
-        out = predict_file(config, paths, args.input, args.output, args.model, args.source)
+        out = predict_file(config, paths, args.input, args.output, args.model, args.source,
+                           log_predictions=False if args.no_log else None)
     except (InputError, LookupError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -33,6 +34,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--input", required=True, help="file, folder or glob in one source's raw schema")
     p.add_argument("--output", required=True, help="predictions file (.parquet, or .csv); quarantined rows go beside it")
     p.add_argument("--source", default=None, help="the config source whose mapping the input follows (default: the one that fits)")
+    p.add_argument("--no-log", action="store_true",
+                   help="do not append the scores to <workdir>/prediction_log (default: monitoring.prediction_log.enabled)")
     p.add_argument("--workdir", default=None, help="work directory (default: the config's)")
     add_set_argument(p)
     p.set_defaults(func=_predict)

@@ -49,6 +49,12 @@ def _serve(args: argparse.Namespace) -> int:
     if workers > 1:
         # each worker process imports the factory and builds its own server from this spec
         os.environ.update(spec_env(os.path.abspath(args.config), args.workdir, args.poll_seconds, args.torch_threads))
+        # /metrics sums every worker's values from files in one folder (prometheus-client's
+        # multiprocess mode); a fresh folder per start, so a previous run's counts never add in
+        if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+            import tempfile
+
+            os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="lattice-metrics-")
         uvicorn.run("lattice.serving.worker:app", factory=True, workers=workers, **common)
         return 0
     import torch
@@ -66,7 +72,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("serve", help="serve the champion model: POST /predict, GET /healthz, GET /metadata")
+    p = sub.add_parser("serve", help="serve the champion model: POST /predict, GET /healthz, GET /metadata, GET /metrics")
     p.add_argument("config", help="platform config YAML, e.g. configs/demo.yaml")
     p.add_argument("--workdir", default=None, help="work directory (default: the config's workdir)")
     p.add_argument("--host", default="127.0.0.1")

@@ -63,6 +63,8 @@ def _nested(tp: object, suffix: str = "") -> list[tuple[type[BaseModel], str]]:
     if _is_model(tp):
         return [(tp, suffix)]
     origin = typing.get_origin(tp)
+    if origin is typing.Annotated:  # e.g. a union tagged by a discriminator
+        return _nested(_args(tp)[0], suffix)
     if _is_union(tp):
         return [m for a in _args(tp) for m in _nested(a, suffix)]
     if origin in (list, set, frozenset, tuple):
@@ -83,6 +85,8 @@ def type_name(tp: object) -> str:
     if tp in _SCALARS:
         return _SCALARS[tp]  # type: ignore[index]
     origin = typing.get_origin(tp)
+    if origin is typing.Annotated:
+        return type_name(_args(tp)[0])
     if origin is typing.Literal:
         return "one of " + ", ".join(f"`{a}`" for a in _args(tp))
     if _is_union(tp):

@@ -14,6 +14,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
+from lattice.config.monitoring import Monitoring
+
 NAME_RE = r"^[a-z][a-z0-9_]*$"
 _TTL_RE = re.compile(r"^([1-9][0-9]*)([smhd])$")
 _WINDOW_RE = re.compile(r"^(\d+)([hd])$")
@@ -1017,6 +1019,8 @@ class PlatformConfig(Strict):
     """Feast's offline and online stores."""
     serving: Serving = Field(default_factory=Serving)
     """The model server's feature cache."""
+    monitoring: Monitoring = Field(default_factory=Monitoring)
+    """The prediction log serving writes and the rules the monitor stage checks."""
     registry: Registry = Field(default_factory=Registry)
     """MLflow tracking server and registered model names."""
     schedules: Schedules = Field(default_factory=Schedules)

@@ -37,7 +37,8 @@ def _online_aggregates(config: PlatformConfig, paths: Paths, rows: pd.DataFrame)
 
 
 def _scorer(config: PlatformConfig, paths: Paths, model: str):
-    """model name -> (callable frame -> {objective: probabilities}, a description)."""
+    """model name -> (callable frame -> {objective: probabilities}, a description, the registry
+    version or None for a model scored from its training folder)."""
     if model == "champion":
         from lattice.export.predictor import Predictor
         from lattice.registry import CHAMPION, ModelRegistry
@@ -47,7 +48,7 @@ def _scorer(config: PlatformConfig, paths: Paths, model: str):
         if info is None:
             raise LookupError(f"registered model {reg.base_name!r} has no champion; run `lattice promote CONFIG` first")
         pred = Predictor.load(reg.download(info), version=info)
-        return pred.predict_frame, f"champion v{info.version}"
+        return pred.predict_frame, f"champion v{info.version}", info.version
     import torch
 
     from lattice.data.loader import batch_from_frame
@@ -59,7 +60,7 @@ def _scorer(config: PlatformConfig, paths: Paths, model: str):
         with torch.no_grad():
             return {o: p.numpy() for o, p in predict(net, batch_from_frame(config, net.dense_stats, frame)).items()}
 
-    return run, f"trained {model}"
+    return run, f"trained {model}", None
 
 
 def _write(frame: pd.DataFrame, path: Path) -> None:
@@ -70,10 +71,19 @@ def _write(frame: pd.DataFrame, path: Path) -> None:
         frame.to_parquet(path, index=False)
 
 
-def score_rows(config: PlatformConfig, paths: Paths, good: pd.DataFrame, score, batch_rows: int = 65_536) -> pd.DataFrame:
-    """Parsed rows (`parse_input`'s good rows) -> pass-through, example_id, event_timestamp, domain,
-    p_<objective> and unknown_entities: the online aggregates joined in, then `score` batch by batch.
-    `lattice predict` and the registry's pyfunc flavour both call it, so they score alike."""
+def _log_predictions(config: PlatformConfig, paths: Paths, frame: pd.DataFrame, probs: dict[str, np.ndarray],
+                     unknown: list[list[str]], version: int | None) -> int:
+    """The scored rows into the prediction log, in serving's schema (origin `batch`)."""
+    from lattice.monitoring.records import LogSchema, frame_batch, log_dir, write_partitioned
+
+    table = frame_batch(LogSchema(config, features=config.monitoring.prediction_log.features), frame, probs, unknown, version)
+    write_partitioned(table, log_dir(paths.workdir))
+    return table.num_rows
+
+
+def _score(config: PlatformConfig, paths: Paths, good: pd.DataFrame, score,
+           batch_rows: int) -> tuple[pd.DataFrame, pd.DataFrame, list[list[str]]]:
+    """(scores, the frame scored with its online aggregates, unknown entities per row)."""
     aggregates, unknown = _online_aggregates(config, paths, good)
     frame = good.copy()
     for c, v in aggregates.items():
@@ -87,17 +97,30 @@ def score_rows(config: PlatformConfig, paths: Paths, good: pd.DataFrame, score, 
     for o, parts in probs.items():
         out[f"p_{o}"] = np.concatenate(parts) if parts else np.zeros(0)
     out["unknown_entities"] = [",".join(u) for u in unknown]
-    return out
+    return out, frame, unknown
+
+
+def score_rows(config: PlatformConfig, paths: Paths, good: pd.DataFrame, score, batch_rows: int = 65_536) -> pd.DataFrame:
+    """Parsed rows (`parse_input`'s good rows) -> pass-through, example_id, event_timestamp, domain,
+    p_<objective> and unknown_entities: the online aggregates joined in, then `score` batch by batch.
+    `lattice predict` and the registry's pyfunc flavour both call it, so they score alike."""
+    return _score(config, paths, good, score, batch_rows)[0]
 
 
 def predict_file(config: PlatformConfig, paths: Paths, input: str, output: str, model: str = "champion",
-                 source: str | None = None, batch_rows: int = 65_536) -> dict:
+                 source: str | None = None, batch_rows: int = 65_536, log_predictions: bool | None = None) -> dict:
+    """`log_predictions`: append the scores to the prediction log (default: the config's
+    `monitoring.prediction_log.enabled`)."""
     from pipelines.score_input import parse_input
 
     t0 = time.perf_counter()
     good, bad, src = parse_input(config, input, source)
-    score, what = _scorer(config, paths, model)
-    out = score_rows(config, paths, good, score, batch_rows)
+    score, what, version = _scorer(config, paths, model)
+    out, frame, unknown = _score(config, paths, good, score, batch_rows)
+    logged = 0
+    if (config.monitoring.prediction_log.enabled if log_predictions is None else log_predictions) and len(frame):
+        probs = {o: out[f"p_{o}"].to_numpy() for o in config.objective_names}
+        logged = _log_predictions(config, paths, frame, probs, unknown, version)
     out_path = Path(output)
     _write(out, out_path)
     q_path = out_path.with_name(out_path.stem + "_quarantine.parquet")
@@ -107,7 +130,7 @@ def predict_file(config: PlatformConfig, paths: Paths, input: str, output: str, 
         "stage": "predict", "model": what, "source": src.name, "input": input, "output": str(out_path),
         "rows_in": int(len(good) + len(bad)), "rows_scored": int(len(good)), "quarantined": int(len(bad)),
         "quarantine_reasons": {str(k): int(v) for k, v in bad["reason"].value_counts().items()} if len(bad) else {},
-        "quarantine": str(q_path) if len(bad) else None, "seconds": round(time.perf_counter() - t0, 2),
+        "quarantine": str(q_path) if len(bad) else None, "logged": logged, "seconds": round(time.perf_counter() - t0, 2),
     }
     log.info("predict: %d of %d rows scored by %s; %d quarantined", summary["rows_scored"], summary["rows_in"], what, summary["quarantined"])
     return summary

@@ -1,4 +1,4 @@
-"""The FastAPI app: POST /predict, GET /healthz, GET /metadata.
+"""The FastAPI app: POST /predict, GET /healthz, GET /metadata, GET /metrics.
 
     request(s) --validate--> entity keys --Feast online store--> aggregate features
                --frame in the training-set layout--> champion artifact --> p(objective)
@@ -11,7 +11,9 @@ Bad input gets a 4xx with a message, never a 500: 401 without the token (when
 `serving.max_body_bytes` (refused from its Content-Length, or as soon as the stream passes the
 limit) or a batch over `serving.max_batch`, 400 for a body that is not UTF-8 or is nested too
 deeply, 422 for the rest (see `parse_body` and requests.py). Each request is one line on the
-`lattice.serving.access` logger (`serving.access_log`).
+`lattice.serving.access` logger (`serving.access_log`). Every scored batch is recorded by
+`ServingOps` (ops.py): the prediction log and the Prometheus counters behind `/metrics`, which
+is open like /healthz (counts only, no request data).
 """
 
 from __future__ import annotations
@@ -34,7 +36,9 @@ from starlette.requests import ClientDisconnect
 from lattice.config import PlatformConfig
 from lattice.paths import Paths
 from lattice.serving.frame import request_columns
+from lattice.serving.metrics import MetricsMiddleware
 from lattice.serving.online import OnlineFeatures
+from lattice.serving.ops import ServingOps
 from lattice.serving.requests import (BatchRequest, PredictRequest, PredictResponse, RequestError, RequestSchema, WireBatch,
                                       WireRequest, short)
 from lattice.serving.slot import ModelSlot
@@ -57,7 +61,7 @@ def _validation_message(exc: ValidationError, prefix: str = "") -> list[str]:
         loc = loc if len(loc) <= 200 else loc[:200] + "..."  # a field name is the client's text too
         kind = e["type"]
         if kind == "extra_forbidden":
-            msg = "unknown field; allowed fields are domain, entities, features, request_id (or 'requests': [...] for a batch)"
+            msg = "unknown field; allowed fields are domain, entities, features, request_id, passthrough (or 'requests': [...] for a batch)"
         elif kind == "missing":
             msg = "required field is missing"
         else:
@@ -276,16 +280,23 @@ class Server:
         if config.features.aggregates:
             self.online.open()
 
-    def score(self, reqs: list) -> dict[str, Any]:
-        """Requests -> the response body (`PredictResponse`'s layout) as plain Python values."""
+    def score(self, reqs: list, ops: ServingOps | None = None) -> dict[str, Any]:
+        """Requests -> the response body (`PredictResponse`'s layout) as plain Python values.
+        `ops`: where the scored batch is recorded (prediction log, metrics)."""
         served = self.slot.current  # read once: this request sees one whole model
         if served is None:
             raise LookupError("no champion model is loaded yet")
         cols = request_columns(served.model.config, reqs, {})
+        # the store's counters before and after this lookup (requests are scored one at a time
+        # on the event loop): a fallback means the store was unreadable, not the entity unknown
+        errors0, reads0 = getattr(self.online, "fallbacks", 0), getattr(self.online, "reads", 0)
         # the ids hashed for the model are the keys of the online lookup: hash once
         aggregates, unknown = self.online.lookup_ids({k: cols.sparse[k][0] for k in self.online.entity_keys})
         cols.dense.update(aggregates)
         probs = served.model.predict_columns(cols)
+        if ops is not None:
+            ops.record(reqs, cols, probs, unknown, getattr(self.online, "fallbacks", 0) - errors0,
+                       getattr(self.online, "reads", 0) - reads0, served.version)
         names = list(probs)
         rows = zip(*(probs[o].tolist() for o in names))  # python floats, one conversion per objective
         preds = [
@@ -305,6 +316,9 @@ def create_app(config: PlatformConfig, paths: Paths, poll_seconds: float = 2.0, 
     token = _auth_token(limits.auth_token_env)
     max_body = limits.max_body_bytes
 
+    # prediction log + Prometheus metrics; built with the app so that /metrics counts from the start
+    ops = ServingOps(config, paths.workdir if paths is not None else None)
+
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         server = prebuilt if prebuilt is not None else await run_in_threadpool(Server, config, paths, poll_seconds)
@@ -312,14 +326,18 @@ def create_app(config: PlatformConfig, paths: Paths, poll_seconds: float = 2.0, 
         server.slot.start()
         server_box["s"] = server
         app.state.server = server
+        app.state.ops = ops
         try:
             yield
         finally:
             server.slot.stop()
+            await run_in_threadpool(ops.close)  # a clean stop writes every acknowledged log record
 
     app = FastAPI(title=f"Lattice {config.name} ranking", lifespan=lifespan)
     if limits.access_log:
         app.add_middleware(AccessLog)
+    if ops.metrics is not None:
+        app.add_middleware(MetricsMiddleware, metrics=ops.metrics)
 
     @app.exception_handler(Exception)
     async def internal_error(request: Request, exc: Exception) -> JSONResponse:
@@ -347,7 +365,7 @@ def create_app(config: PlatformConfig, paths: Paths, poll_seconds: float = 2.0, 
             # GIL either way, and the thread hand-off cost more than a single row's lookup and
             # forward. The response is serialised once here by msgspec (the route's
             # response_model only documents it), instead of FastAPI validating it again.
-            body = server.score(reqs)
+            body = server.score(reqs, ops)
         except LookupError as exc:
             return JSONResponse(status_code=503, content={"detail": str(exc)})
         except Exception:  # the last resort: valid input never gets here; logged with its traceback
@@ -375,7 +393,20 @@ def create_app(config: PlatformConfig, paths: Paths, poll_seconds: float = 2.0, 
         }
         if degraded:
             body["degraded"] = [f"online store {store['store']}: {store['status']} ({store.get('error')})"]
+        body["prediction_log"], warnings = ops.health()
+        if warnings:
+            body["warnings"] = warnings
         return JSONResponse(status_code=200 if served else 503, content=body)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        if ops.metrics is None:
+            return JSONResponse(status_code=404, content={"detail": "metrics are off (monitoring.metrics: false)"})
+        served = server_box["s"].slot.current
+        ops.model_version(served.version if served else None)
+        ops.health()  # drops counted since the last write reach the counter too
+        data, content_type = ops.metrics.exposition()
+        return Response(content=data, media_type=content_type)
 
     @app.get("/metadata")
     async def metadata(request: Request) -> Any:

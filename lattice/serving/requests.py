@@ -47,6 +47,9 @@ class PredictRequest(BaseModel):
         default_factory=dict, description="request-time features by canonical column; absent = not logged for this request"
     )
     request_id: StrictStr | None = None
+    passthrough: dict[str, SparseValue] = Field(
+        default_factory=dict, description="the sources' pass-through keys (e.g. an impression id), logged with the "
+                                          "prediction so that its label joins back to it")
 
 
 class BatchRequest(BaseModel):
@@ -63,6 +66,7 @@ class WireRequest(msgspec.Struct, forbid_unknown_fields=True):
     entities: dict[str, Union[Int64, str]]
     features: dict[str, Union[Int64, str, float, None]] = {}
     request_id: Union[str, None] = None
+    passthrough: dict[str, Union[Int64, str]] = {}
 
 
 class WireBatch(msgspec.Struct, forbid_unknown_fields=True):
@@ -109,6 +113,8 @@ class RequestSchema:
         self._domains, self._entities = frozenset(self.domains), frozenset(self.entity_keys)
         self._sparse, self._dense = frozenset(self.sparse), frozenset(self.dense)
         self.max_batch = config.serving.max_batch
+        self.passthrough = S.passthrough_columns(config)
+        self._passthrough = frozenset(self.passthrough)
         # exact-id tables (hashing none): the feature stage quarantines an id outside the table,
         # so serving refuses one too instead of wrapping it onto another id's row
         self._exact = {f.column: f.num_embeddings for f in config.features.sparse if f.hashing == "none"}
@@ -137,6 +143,10 @@ class RequestSchema:
                 return f"{short(name)} is an entity key; send it under 'entities', not 'features'"
             else:
                 return f"unknown feature {short(name)}; request-time features are {self.sparse + self.dense}"
+        if req.passthrough and not req.passthrough.keys() <= self._passthrough:
+            extra = sorted(set(req.passthrough) - self._passthrough)
+            return (f"unknown pass-through key(s) {short(extra, 200)}; the sources' pass-through columns are "
+                    f"{self.passthrough}")
         return None
 
     def value_problem(self, req) -> str | None:

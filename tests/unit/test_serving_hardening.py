@@ -10,6 +10,7 @@ import asyncio
 import json
 import logging
 import random
+import tempfile
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -73,7 +74,8 @@ def _server(config, fail: bool = False) -> Server:
 
 def _app(config, fail: bool = False, **serving):
     cfg = config.model_copy(update={"serving": config.serving.model_copy(update=serving)})
-    return create_app(cfg, Paths(workdir=ROOT, data_root=ROOT), server=_server(cfg, fail))
+    # a workdir of its own: the app writes its prediction log there
+    return create_app(cfg, Paths(workdir=Path(tempfile.mkdtemp(prefix="lattice-serving-")), data_root=ROOT), server=_server(cfg, fail))
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,129 @@
+"""`GET /metrics`: the server's health in Prometheus' text format (prometheus-client).
+
+One `ServingMetrics` per app. With one process the metrics live in the app's own registry. With
+several uvicorn workers each is its own process: `lattice serve` then sets
+`PROMETHEUS_MULTIPROC_DIR` to an empty folder before the workers start, every worker's values go
+to files there, and whichever worker answers /metrics sums them all (prometheus-client's
+multiprocess mode), so a scrape sees the whole server, not one worker.
+
+Per-cell series are (domain, objective): the count of predictions and the sum of probabilities
+(mean = sum / count, as a Prometheus query divides them). Unknown entities (the store answered,
+without this entity) and online-store errors (the store could not be read) are counted apart.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+ROUTES = frozenset({"/predict", "/healthz", "/metadata", "/metrics"})
+# single requests take about a millisecond, batches tens: buckets from 0.5 ms to 5 s
+LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
+
+
+def multiprocess() -> bool:
+    return bool(os.environ.get(MULTIPROC_ENV))
+
+
+class ServingMetrics:
+    def __init__(self) -> None:
+        self.multiprocess = multiprocess()
+        # multiprocess: values live in the shared folder, not in a registry of this process
+        own = None if self.multiprocess else CollectorRegistry()
+        self._registry = own
+        self.latency = Histogram("lattice_request_duration_seconds", "Time from request to response, by route",
+                                 ["route"], buckets=LATENCY_BUCKETS, registry=own)
+        self.responses = Counter("lattice_responses", "HTTP responses by route and status", ["route", "status"], registry=own)
+        self.in_flight = Gauge("lattice_requests_in_flight", "Requests being handled now", registry=own,
+                               multiprocess_mode="livesum")
+        self.model_version = Gauge("lattice_model_version", "Registry version of the champion each worker serves",
+                                   registry=own, multiprocess_mode="liveall")
+        self.predictions = Counter("lattice_predictions", "Predictions served per (domain, objective) cell",
+                                   ["domain", "objective"], registry=own)
+        self.probability_sum = Counter("lattice_prediction_probability_sum",
+                                       "Sum of the probabilities served per cell (mean = sum / lattice_predictions_total)",
+                                       ["domain", "objective"], registry=own)
+        self.unknown = Counter("lattice_unknown_entities",
+                               "Entities the online store answered for without a row (no history; defaults served)",
+                               ["entity"], registry=own)
+        self.store_errors = Counter("lattice_online_store_errors",
+                                    "Entity reads answered without the online store because it could not be read",
+                                    registry=own)
+        self.store_reads = Counter("lattice_online_store_reads",
+                                   "Entity reads that went to the online store (the rest hit the cache or mirror)",
+                                   registry=own)
+        self.log_written = Counter("lattice_prediction_log_written", "Prediction-log records written", registry=own)
+        self.log_dropped = Counter("lattice_prediction_log_dropped", "Prediction-log records dropped, by reason",
+                                   ["reason"], registry=own)
+        self.log_lag = Gauge("lattice_prediction_log_lag_seconds",
+                             "Age of the oldest record in the last prediction-log write", registry=own,
+                             multiprocess_mode="livemax")
+
+    def observe_predictions(self, domains: np.ndarray, probabilities: dict[str, np.ndarray]) -> None:
+        """Per-cell count and sum for one scored batch (one inc per cell present, not per row)."""
+        if len(domains) == 1:  # the single-request path: no grouping
+            d = str(domains[0])
+            for o, p in probabilities.items():
+                self.predictions.labels(d, o).inc()
+                self.probability_sum.labels(d, o).inc(float(p[0]))
+            return
+        names, inverse = np.unique(domains, return_inverse=True)
+        counts = np.bincount(inverse, minlength=len(names))
+        for o, p in probabilities.items():
+            sums = np.bincount(inverse, weights=np.asarray(p, np.float64), minlength=len(names))
+            for d, c, s in zip(names.tolist(), counts.tolist(), sums.tolist()):
+                self.predictions.labels(d, o).inc(c)
+                self.probability_sum.labels(d, o).inc(s)
+
+    def exposition(self) -> tuple[bytes, str]:
+        if self.multiprocess:
+            from prometheus_client import multiprocess as mp
+
+            registry = CollectorRegistry()
+            mp.MultiProcessCollector(registry)
+            return generate_latest(registry), CONTENT_TYPE_LATEST
+        return generate_latest(self._registry), CONTENT_TYPE_LATEST
+
+    def close(self) -> None:
+        """A worker that stops: its live gauges (in flight, version, lag) leave the sums."""
+        if self.multiprocess:
+            from prometheus_client import multiprocess as mp
+
+            mp.mark_process_dead(os.getpid())
+
+
+class MetricsMiddleware:
+    """ASGI middleware: latency per route, responses by status and requests in flight. Paths
+    outside the app's routes share one label (`other`), so a scan of random URLs cannot grow the
+    number of series."""
+
+    def __init__(self, app, metrics: ServingMetrics):
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        path = scope.get("path", "")
+        route = path if path in ROUTES else "other"
+        status = 500
+        m = self.metrics
+
+        async def send_status(message):
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        start = time.perf_counter()
+        m.in_flight.inc()
+        try:
+            await self.app(scope, receive, send_status)
+        finally:
+            m.in_flight.dec()
+            m.latency.labels(route).observe(time.perf_counter() - start)
+            m.responses.labels(route, str(status)).inc()

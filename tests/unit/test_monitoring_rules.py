@@ -1,0 +1,120 @@
+"""`monitoring.rules` on constructed series: each rule trips on its series and not on the mirror
+of it; the state gives de-duplication, cooldown and the needs-a-person flag after a retrain."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+from pydantic import ValidationError
+
+from lattice.config.monitoring import CalibrationRule, DriftRule, Monitoring, NeRegressionRule
+from lattice.monitoring.rules import check, decide
+
+START = pd.Timestamp("2026-01-05", tz="UTC")
+
+
+def _cells(values: list[float], figure: str = "calibration", positives: int = 300, version: int = 1,
+           first_day: int = 0, days: list[int] | None = None) -> pd.DataFrame:
+    days = days if days is not None else list(range(first_day, first_day + len(values)))
+    starts = [START + pd.Timedelta(days=d) for d in days]
+    return pd.DataFrame({
+        "domain": "feed", "objective": "click", "model_version": version, "period_start": starts,
+        "period": [s.strftime("%Y-%m-%d") for s in starts], "positives": positives,
+        "calibration": values if figure == "calibration" else 1.0, "ne": values if figure == "ne" else 0.8})
+
+
+def _drift(values: list[float]) -> pd.DataFrame:
+    starts = [START + pd.Timedelta(days=d) for d in range(len(values))]
+    return pd.DataFrame({"domain": "feed", "feature": "price", "period_start": starts,
+                         "period": [s.strftime("%Y-%m-%d") for s in starts], "model_version": 1, "psi": values})
+
+
+CAL = CalibrationRule(kind="calibration", low=0.9, high=1.1, min_positives=200, periods=2)
+NONE = pd.DataFrame()
+
+
+@pytest.mark.parametrize("series, trips", [
+    ([1.0, 1.25, 1.3], True),     # over-predicting two days in a row
+    ([1.3, 1.25, 1.0], False),    # its mirror in time: recovered on the last day
+    ([1.0, 0.8, 0.85], True),     # under-predicting
+    ([1.0, 1.05, 0.95], False),   # inside the bounds
+    ([1.0, 1.0, 1.3], False),     # one day out is not two
+])
+def test_calibration_rule(series, trips):
+    findings, _ = check([CAL], _cells(series), NONE)
+    assert bool(findings) is trips
+    if trips:
+        assert findings[0]["figures"]["calibration"] == series[-2:] and findings[0]["periods"] == ["2026-01-06", "2026-01-07"]
+
+
+def test_calibration_needs_positives_and_consecutive_periods():
+    assert check([CAL], _cells([1.3, 1.3], positives=199), NONE)[0] == []  # too few labels to count
+    assert check([CAL], _cells([1.3, 1.3], days=[0, 2]), NONE)[0] == []   # a gap: not in a row
+    assert len(check([CAL], _cells([1.3, 1.3], days=[1, 2]), NONE)[0]) == 1
+
+
+def test_calibration_judges_the_latest_version_only():
+    old = _cells([1.3, 1.3], version=1)
+    new = _cells([1.0], version=2, first_day=2)
+    assert check([CAL], pd.concat([old, new]), NONE)[0] == []
+
+
+@pytest.mark.parametrize("series, trips", [([0.05, 0.3], True), ([0.3, 0.05], False), ([0.1, 0.19], False)])
+def test_drift_rule(series, trips):
+    rule = DriftRule(kind="drift", feature="price", max_psi=0.2)
+    assert bool(check([rule], NONE, _drift(series))[0]) is trips
+    assert check([DriftRule(kind="drift", feature="activity", max_psi=0.2)], NONE, _drift(series))[0] == []
+
+
+@pytest.mark.parametrize("series, trips", [([0.80, 0.81, 0.86], True), ([0.86, 0.81, 0.80], False), ([0.80, 0.83], False)])
+def test_ne_regression_rule(series, trips):
+    rule = NeRegressionRule(kind="ne_regression", max_increase=0.05, min_positives=200)
+    found = check([rule], _cells(series, figure="ne"), NONE)[0]
+    assert bool(found) is trips
+    if trips:
+        assert found[0]["bounds"]["reference_ne"] == 0.8
+
+
+def test_dedup_cooldown_and_needs_person():
+    state = {"keys": {}}
+
+    def run(cells):
+        nonlocal state
+        findings, healthy = check([CAL], cells, NONE)
+        tripped, person, state = decide(findings, healthy, state, cooldown_hours=48)
+        return tripped, person
+
+    v1 = _cells([1.3, 1.3])
+    assert len(run(v1)[0]) == 1                                   # trips
+    assert run(v1) == ([], [])                                    # the same finding again: de-duplicated
+    assert run(_cells([1.3, 1.3, 1.3])) == ([], [])               # a day later, inside the 48 h cooldown
+    assert len(run(_cells([1.3, 1.3, 1.3, 1.3]))[0]) == 1         # 48 h after the first report: trips again
+    # a retrain (v2) still miscalibrated: flagged for a person, not retriggered
+    after = pd.concat([_cells([1.3] * 4), _cells([1.3, 1.3], version=2, first_day=4)])
+    tripped, person = run(after)
+    assert tripped == [] and person[0]["needs_person"] and person[0]["model_version"] == 2
+    assert run(pd.concat([after, _cells([1.3], version=2, first_day=6)]))[0] == []  # still only flagged
+    # v2 back inside the bounds clears the flag; a later trip is a fresh one
+    run(pd.concat([after, _cells([1.0], version=2, first_day=6)]))
+    assert state["keys"] == {}
+
+
+def test_retrain_that_worked_forgets_the_cell():
+    state = {"keys": {}}
+    f, h = check([CAL], _cells([1.3, 1.3]), NONE)
+    _, _, state = decide(f, h, state, cooldown_hours=24)
+    fixed = pd.concat([_cells([1.3, 1.3]), _cells([1.0], version=2, first_day=2)])
+    f, h = check([CAL], fixed, NONE)
+    _, _, state = decide(f, h, state, cooldown_hours=24)
+    assert state["keys"] == {}
+
+
+def test_rule_config_is_checked():
+    m = Monitoring.model_validate({"rules": [{"kind": "calibration", "low": 0.9, "high": 1.1, "min_positives": 200, "periods": 2},
+                                             {"kind": "drift", "feature": "price", "max_psi": 0.25},
+                                             {"kind": "ne_regression", "max_increase": 0.05}]})
+    assert [r.kind for r in m.rules] == ["calibration", "drift", "ne_regression"]
+    with pytest.raises(ValidationError, match="low"):
+        Monitoring.model_validate({"rules": [{"kind": "calibration", "low": 1.2, "high": 1.1}]})
+    with pytest.raises(ValidationError, match="max_psy"):
+        Monitoring.model_validate({"rules": [{"kind": "drift", "feature": "price", "max_psy": 0.2}]})

@@ -1,0 +1,240 @@
+"""The prediction log and /metrics through the real app (`create_app`) with a stand-in server (a
+fixed-score model, a stub online store): what a clean stop leaves on disk, what an unwritable
+folder or a full queue costs (counted drops, never a failed request), and /metrics in
+Prometheus' text format."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pyarrow.dataset as ds
+import pytest
+from fastapi.testclient import TestClient
+from prometheus_client.parser import text_string_to_metric_families
+
+from lattice.config import load_config
+from lattice.monitoring.records import LogSchema, log_dir
+from lattice.paths import Paths
+from lattice.serving.app import Server, create_app
+from lattice.serving.prediction_log import PredictionLogWriter
+from lattice.serving.requests import RequestSchema
+from lattice.serving.slot import ModelSlot
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def config():
+    return load_config(ROOT / "configs" / "demo.yaml")
+
+
+class _Model:
+    """p(click) = 0.1 + price / 100 (so the logged feature and the score can be checked together)."""
+
+    def __init__(self, config):
+        self.config = config
+        self.info = SimpleNamespace(name="stub", model="student", tags={})
+        self.metadata, self.checksum = {}, "abc"
+
+    def predict_columns(self, cols):
+        click = 0.1 + cols.dense["price"] / 100
+        return {"click": click, "conversion": np.full(len(cols), 0.02)}
+
+
+class _Online:
+    """user 404 is unknown; with `down`, every read is a fallback (the store cannot be read)."""
+
+    mode = "stub"
+
+    def __init__(self, config, down: bool = False):
+        self.entity_keys = ["ad_id", "user_id"]
+        self.down, self.fallbacks, self.reads = down, 0, 0
+        self.agg = [f"{a.name}_{s}_{w}" for a in config.features.aggregates for w in a.windows for s in a.statistics]
+
+    def lookup_ids(self, ids):
+        users = ids["user_id"]
+        n = len(users)
+        if self.down:
+            self.fallbacks += 2 * n
+            return {c: np.zeros(n) for c in self.agg}, [["ad_id", "user_id"] for _ in range(n)]
+        self.reads += n
+        return {c: np.full(n, 3.0) for c in self.agg}, [["user_id"] if u == 404 else [] for u in users.tolist()]
+
+
+def _app(config, workdir: Path, down: bool = False, **log):
+    mon = config.monitoring.model_copy(update={"prediction_log": config.monitoring.prediction_log.model_copy(update=log)})
+    cfg = config.model_copy(update={"monitoring": mon})
+    server = Server.__new__(Server)
+    server.config, server.paths, server.schema = cfg, None, RequestSchema(cfg)
+    model = _Model(cfg)
+    server.slot = ModelSlot(lambda: 7, lambda version: model, poll_seconds=3600)
+    server.online = _Online(cfg, down)
+    return create_app(cfg, Paths(workdir=workdir, data_root=ROOT), server=server)
+
+
+def _req(i: int, domain: str = "feed", user: int = 1, price: float | None = 5.0) -> dict:
+    feats = {"device": 3} if price is None else {"device": 3, "price": price}
+    return {"request_id": f"r{i}", "domain": domain, "entities": {"user_id": user, "ad_id": 9}, "features": feats}
+
+
+def _families(text: str) -> dict:
+    return {f.name: f for f in text_string_to_metric_families(text)}
+
+
+def _value(families: dict, name: str, sample: str, **labels) -> float:
+    for s in families[name].samples:
+        if s.name == sample and all(s.labels.get(k) == v for k, v in labels.items()):
+            return s.value
+    raise AssertionError(f"no sample {sample}{labels} in {name}")
+
+
+def test_clean_stop_keeps_every_acknowledged_record(config, tmp_path):
+    # a long flush interval: only the clean stop can have written these records
+    with TestClient(_app(config, tmp_path, flush_seconds=3600, flush_records=10_000)) as client:
+        assert client.post("/predict", json=_req(0)).status_code == 200
+        batch = {"requests": [_req(1, price=20.0), _req(2, "search", user=404, price=None)]}
+        assert client.post("/predict", json=batch).status_code == 200
+        assert not list(log_dir(tmp_path).rglob("*.parquet"))  # nothing written yet
+    files = list(log_dir(tmp_path).rglob("part-*.parquet"))
+    assert files and all(f.parent.name.startswith("hour=") for f in files)
+    t = ds.dataset(str(log_dir(tmp_path)), format="parquet", partitioning="hive").to_table().to_pandas()
+    t = t.sort_values("request_id").reset_index(drop=True)
+    assert t["request_id"].tolist() == ["r0", "r1", "r2"]
+    assert t["domain"].tolist() == ["feed", "feed", "search"]
+    assert t["model_version"].tolist() == [7, 7, 7]
+    assert t["origin"].tolist() == ["serve"] * 3
+    assert t["user_id"].tolist() == [1, 1, 404]
+    assert t["unknown_entities"].tolist() == ["", "", "user_id"]
+    # the feature the model used and the score it gave, row by row
+    assert t["p_click"].tolist() == pytest.approx([0.15, 0.3, 0.1])
+    assert t["f.price"].iloc[:2].tolist() == [5.0, 20.0] and np.isnan(t["f.price"].iloc[2])  # not sent: null
+    assert t["f.user_click_count_1d"].tolist() == [3.0, 3.0, 3.0]
+    assert t["f.device"].tolist() == [3, 3, 3]
+    assert t["hour"].iloc[0] == t["logged_at"].iloc[0].strftime("%Y-%m-%dT%H")
+
+
+def test_unwritable_folder_counts_drops_and_still_answers(config, tmp_path):
+    (tmp_path / "prediction_log").write_text("a file where the log's folder should be")  # mkdir fails, even as root
+    with TestClient(_app(config, tmp_path, flush_seconds=0.05)) as client:
+        for i in range(3):
+            assert client.post("/predict", json=_req(i)).status_code == 200
+        client.app.state.ops.writer.flush()
+        health = client.get("/healthz").json()
+        assert health["prediction_log"]["dropped"] == {"write_error": 3}
+        assert "3 record(s) dropped" in health["warnings"][0]
+        fam = _families(client.get("/metrics").text)
+        assert _value(fam, "lattice_prediction_log_dropped", "lattice_prediction_log_dropped_total", reason="write_error") == 3
+
+
+def test_full_queue_drops_and_counts(config, tmp_path):
+    writer = PredictionLogWriter(LogSchema(config), tmp_path, queue_records=2, flush_seconds=3600, flush_records=100)
+    cols = dict(logged_at=0.0, origin="serve", domain=["feed"], model_version=1, entities={}, passthrough={},
+                probabilities={}, unknown=[[]], store_error=False, sparse={}, dense={})
+    assert writer.submit(1, request_id=["a"], **cols) and writer.submit(1, request_id=["b"], **cols)
+    assert not writer.submit(1, request_id=["c"], **cols)
+    assert writer.dropped == {"queue_full": 1}
+
+
+def test_metrics_parse_and_count_cells(config, tmp_path):
+    with TestClient(_app(config, tmp_path)) as client:
+        client.post("/predict", json=_req(0, price=10.0))
+        client.post("/predict", json={"requests": [_req(1, price=30.0), _req(2, "search", user=404), _req(3, "search")]})
+        client.post("/predict", content=b"not json", headers={"content-type": "application/json"})
+        client.get("/healthz")
+        fam = _families(client.get("/metrics").text)
+    count = lambda d, o: _value(fam, "lattice_predictions", "lattice_predictions_total", domain=d, objective=o)
+    total = lambda d, o: _value(fam, "lattice_prediction_probability_sum", "lattice_prediction_probability_sum_total",
+                                domain=d, objective=o)
+    assert (count("feed", "click"), count("search", "click"), count("search", "conversion")) == (2, 2, 2)
+    assert total("feed", "click") == pytest.approx(0.2 + 0.4)  # p = 0.1 + price / 100
+    assert _value(fam, "lattice_unknown_entities", "lattice_unknown_entities_total", entity="user_id") == 1
+    assert _value(fam, "lattice_online_store_errors", "lattice_online_store_errors_total") == 0
+    assert _value(fam, "lattice_responses", "lattice_responses_total", route="/predict", status="200") == 2
+    assert _value(fam, "lattice_responses", "lattice_responses_total", route="/predict", status="422") == 1
+    assert _value(fam, "lattice_request_duration_seconds", "lattice_request_duration_seconds_count", route="/predict") == 3
+    assert _value(fam, "lattice_model_version", "lattice_model_version") == 7
+
+
+def test_store_errors_are_not_unknown_entities(config, tmp_path):
+    with TestClient(_app(config, tmp_path, down=True)) as client:
+        assert client.post("/predict", json={"requests": [_req(1), _req(2)]}).status_code == 200
+        fam = _families(client.get("/metrics").text)
+        ops = client.app.state.ops
+        ops.writer.flush()
+    assert _value(fam, "lattice_online_store_errors", "lattice_online_store_errors_total") == 4  # 2 rows x 2 keys
+    assert "lattice_unknown_entities_total" not in {s.name for s in fam["lattice_unknown_entities"].samples}
+    t = ds.dataset(str(log_dir(tmp_path)), format="parquet", partitioning="hive").to_table().to_pandas()
+    assert t["store_error"].tolist() == [True, True]
+
+
+def test_passthrough_keys_are_checked_and_logged(config, tmp_path):
+    src = config.sources[0].model_copy(update={"passthrough": ["impression_id"]})
+    cfg = config.model_copy(update={"sources": [src, *config.sources[1:]]})
+    with TestClient(_app(cfg, tmp_path)) as client:
+        ok = client.post("/predict", json=dict(_req(0), passthrough={"impression_id": "imp-1"}))
+        bad = client.post("/predict", json=dict(_req(1), passthrough={"row": 3}))
+    assert ok.status_code == 200, ok.text
+    assert bad.status_code == 422 and "impression_id" in bad.json()["detail"]
+    t = ds.dataset(str(log_dir(tmp_path)), format="parquet", partitioning="hive").to_table().to_pandas()
+    assert t["impression_id"].tolist() == ["imp-1"]
+
+
+def test_batch_scoring_writes_serving_schema(config, tmp_path):
+    import pandas as pd
+
+    from lattice.monitoring.records import frame_batch, write_partitioned
+
+    schema = LogSchema(config)
+    frame = pd.DataFrame({"example_id": ["e1", "e2"], "domain": ["feed", "video"], "user_id": [1, 2],
+                          "ad_id": [5.0, np.nan], "device": pd.array([3, None], dtype="Int64"),
+                          "price": [2.0, 0.0], "price_present": [1, 0], "user_click_count_1d": [4.0, 0.0]})
+    table = frame_batch(schema, frame, {"click": np.array([0.1, 0.2]), "conversion": np.array([0.01, 0.0])},
+                        [[], ["ad_id"]], model_version=3, logged_at=1_767_618_000.0)  # 2026-01-05T13:00Z
+    assert table.schema == schema.schema
+    write_partitioned(table, tmp_path)
+    t = ds.dataset(str(tmp_path), format="parquet", partitioning="hive").to_table().to_pandas()
+    assert t["hour"].tolist() == ["2026-01-05T13"] * 2
+    assert t["request_id"].tolist() == ["e1", "e2"] and t["origin"].tolist() == ["batch"] * 2
+    assert t["ad_id"].iloc[0] == 5 and pd.isna(t["ad_id"].iloc[1])
+    assert t["f.device"].iloc[0] == 3 and pd.isna(t["f.device"].iloc[1])
+    assert t["f.price"].iloc[0] == 2.0 and pd.isna(t["f.price"].iloc[1])  # present = 0: null, not 0.0
+    assert t["f.user_click_count_1d"].tolist() == [4.0, 0.0]
+    assert t["unknown_entities"].tolist() == ["", "ad_id"]
+
+
+def test_both_off(config, tmp_path):
+    cfg = config.model_copy(update={"monitoring": config.monitoring.model_copy(update={"metrics": False})})
+    with TestClient(_app(cfg, tmp_path, enabled=False)) as client:
+        assert client.post("/predict", json=_req(0)).status_code == 200
+        assert client.get("/metrics").status_code == 404
+        assert client.get("/healthz").json()["prediction_log"] is None
+    assert not log_dir(tmp_path).exists()
+
+
+def test_merged_requests_make_the_same_rows(config):
+    """A flush merges many requests' columns into one table: the rows equal those of each
+    request's own table, whatever each request carried."""
+    import pyarrow as pa
+
+    from lattice.monitoring.records import merge_columns, record_batch
+
+    schema = LogSchema(config)
+    ids = lambda *v: (np.array(v, np.int64), np.ones(len(v), bool))
+
+    def item(rid, n, version, price, origin="serve"):
+        return dict(request_id=[f"{rid}{i}" for i in range(n)], logged_at=1_767_618_000.0 + n, origin=origin,
+                    domain=["feed"] * n, model_version=version, entities={"user_id": ids(*range(n)), "ad_id": ids(*range(n))},
+                    passthrough={}, probabilities={"click": np.full(n, 0.1 * n), "conversion": np.zeros(n)},
+                    unknown=[["ad_id"]] * n, store_error=n == 2, sparse={"device": ids(*[5] * n)},
+                    dense={} if price is None else {"price": np.full(n, price)},
+                    dense_present={} if price is None else {"price": np.ones(n, bool)})
+
+    items = [item("a", 1, 4, 2.5), item("b", 2, None, None, origin="batch"), item("c", 3, 5, 1.0)]
+    merged = record_batch(schema, **merge_columns(items))
+    assert record_batch(schema, **merge_columns([dict(c) for c in items], schema)).equals(merged)
+    separate = pa.concat_tables([record_batch(schema, **c) for c in items])
+    assert merged.equals(separate)
+    assert merged.column("model_version").to_pylist() == [4, None, None, 5, 5, 5]
