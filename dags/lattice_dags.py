@@ -42,7 +42,7 @@ def assets_for(config: PlatformConfig) -> dict[str, Asset]:
     """features / teacher / student: what the upstream DAG publishes and the downstream one waits for.
     Named by config, not by folder: a moved workdir must not turn into a new (or a clashing) asset."""
     return {kind: Asset(name=f"lattice.{config.name}.{kind}", uri=f"x-lattice://{config.name}/{kind}", group="lattice")
-            for kind in ("features", "teacher", "student")}
+            for kind in ("features", "teacher", "student", "retrain")}
 
 
 def _task(config_file: str, spec: DagSpec, t: TaskSpec, outlets: list[Asset]):
@@ -59,7 +59,7 @@ def _task(config_file: str, spec: DagSpec, t: TaskSpec, outlets: list[Asset]):
         run_type = getattr(getattr(run, "run_type", None), "value", getattr(run, "run_type", None))
         interval = (str(run_type) if run_type else None, context.get("data_interval_start"), context.get("data_interval_end"))
         try:
-            return run_task(config_file, t, dict(context["params"]), spec.params, interval)
+            result = run_task(config_file, t, dict(context["params"]), spec.params, interval)
         except OutsideRange as exc:
             raise AirflowSkipException(str(exc)) from exc
         except GateRejected as exc:
@@ -68,6 +68,14 @@ def _task(config_file: str, spec: DagSpec, t: TaskSpec, outlets: list[Asset]):
             raise AirflowFailException(str(exc)) from exc
         except DeterministicError as exc:
             raise AirflowFailException(str(exc)) from exc  # failed now: a retry would fail the same way
+        if t.emit_if and t.outlet:
+            found = (result.get("summary") or {}).get(t.emit_if)
+            if not found:  # nothing to announce: skipped, so the outlet asset gets no event
+                context["ti"].xcom_push(key="return_value", value=result)
+                raise AirflowSkipException(f"{t.task_id}: no {t.emit_if} in this run; the {t.outlet} asset is not updated")
+            # the event says why: downstream runs (and the Asset page) show the rules, cells and figures
+            context["outlet_events"][outlets[0]].extra = {t.emit_if: found}
+        return result
 
     return run_stage()
 
@@ -85,8 +93,12 @@ def _timetable(cron: str):
 def build(config_file: str, config: PlatformConfig, spec: DagSpec, assets: dict[str, Asset]):
     if spec.schedule.cron:
         schedule = _timetable(spec.schedule.cron)
+    elif spec.schedule.asset:
+        schedule = [assets[spec.schedule.asset]]
+        if spec.family == "train_teacher" and config.monitoring.rules:
+            schedule = assets[spec.schedule.asset] | assets["retrain"]  # a tripped monitoring rule retrains too
     else:
-        schedule = [assets[spec.schedule.asset]] if spec.schedule.asset else None
+        schedule = None
 
     @dag(
         dag_id=spec.dag_id,

@@ -869,6 +869,10 @@ class Schedules(Strict):
     """The student DAG: distill, export, register as challenger."""
     promote: Schedule = Field(default_factory=lambda: Schedule(asset="student"))
     """The promotion DAG: gate the challenger against the champion and move the champion alias."""
+    monitor: Schedule = Field(default_factory=lambda: Schedule(cron="@daily"))
+    """The monitoring DAG: the served model's prediction log joined with the labels that arrived,
+    per-cell health and the `monitoring.rules`; a rule that trips emits the `retrain` asset, which
+    starts the teacher DAG when the config has rules."""
     tune: Schedule = Field(default_factory=Schedule)
     """The tuning DAG (`lattice tune`: hyperparameter search on the validation split); manual
     triggers only by default."""

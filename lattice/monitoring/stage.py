@@ -95,9 +95,14 @@ def _records(frame: pd.DataFrame) -> list[dict]:
 
 
 def monitor(config: PlatformConfig, paths: Paths, start: str | dt.datetime | None = None,
-            end: str | dt.datetime | None = None, period: str = "day", mlflow: bool = True, **_: Any) -> dict[str, Any]:
+            end: str | dt.datetime | None = None, period: str = "day", mlflow: bool = True,
+            lookback_days: int | None = None, **_: Any) -> dict[str, Any]:
     """The monitor stage; returns its summary (also `<workdir>/monitoring/summary.json`), whose
-    `tripped` lists the rules to act on (rule, cell, model version, figures, reason)."""
+    `tripped` lists the rules to act on (rule, cell, model version, figures, reason).
+    `lookback_days` with `end`: read [end - lookback, end), so a daily run's rules see the periods
+    before its own day (a rule may need several periods in a row)."""
+    if lookback_days is not None and end is not None and start is None:
+        start = (pd.Timestamp(end) - pd.Timedelta(days=int(lookback_days))).strftime("%Y-%m-%d")
     if period not in C.PERIOD_FREQ:
         raise ValueError(f"period must be one of {sorted(C.PERIOD_FREQ)}, got {period!r}")
     dense = S.dense_columns(config)

@@ -20,11 +20,11 @@ from typing import Any, Literal
 from lattice.config import PlatformConfig
 from lattice.config.schema import HASHING_NEEDS_FIT
 
-Family = Literal["features", "train_teacher", "distill", "promote", "tune"]
-FAMILIES: tuple[Family, ...] = ("features", "train_teacher", "distill", "promote", "tune")
+Family = Literal["features", "train_teacher", "distill", "promote", "monitor", "tune"]
+FAMILIES: tuple[Family, ...] = ("features", "train_teacher", "distill", "promote", "monitor", "tune")
 # the families a full run goes through, in data order (`tune` is a manual search, never part of a run)
 RUN_FAMILIES: tuple[Family, ...] = ("features", "train_teacher", "distill", "promote")
-AssetKind = Literal["features", "teacher", "student"]
+AssetKind = Literal["features", "teacher", "student", "retrain"]
 
 # run parameter -> keyword of the stages that read events over a data interval
 INTERVAL = {"start": "start", "end": "end"}
@@ -56,6 +56,9 @@ class TaskSpec:
     """Summary key that must be true for the task to succeed (the promotion gate's `passed`): when
     it is false the task fails without retries, its message listing the failed checks, so the run
     is red in the grid and no downstream task acts as if the gate had passed."""
+    emit_if: str | None = None
+    """Summary key that must be non-empty for the task's `outlet` asset to be emitted (the
+    monitor's `tripped` rules): otherwise the task ends skipped, and no asset event is sent."""
     replaces_model: str | None = None
     """The model folder this task rewrites (`paths.model_dir(name)`): the stage writes it in a
     scratch folder that replaces the old one only when the stage succeeds, so a failed run leaves
@@ -174,6 +177,16 @@ def _promote() -> list[TaskSpec]:
                      family="promote", reads=("registry:student",), writes=("registry:champion",))]
 
 
+def _monitor() -> list[TaskSpec]:
+    return [TaskSpec("monitor", "monitor",
+                     "Join the prediction log with the labels that arrived; per-cell online NE, AUC and calibration, "
+                     "feature drift, the config's monitoring.rules. A tripped rule emits the retrain asset (the teacher "
+                     "DAG's trigger when the config has rules), with the rule, the cell and the figures.",
+                     forward={"end": "end", "lookback_days": "lookback_days", "period": "period"},
+                     family="monitor", outlet="retrain", emit_if="tripped",
+                     reads=("prediction_log", "consolidated"), writes=("monitoring",))]
+
+
 def _tune() -> list[TaskSpec]:
     return [TaskSpec("tune", "tune",
                      "Optuna trials over `tune.space`, each judged by its validation macro NE (the test split is never "
@@ -190,7 +203,7 @@ def _in(step: TaskSpec, family: Family) -> TaskSpec:
 
 def pipeline(config: PlatformConfig) -> list[TaskSpec]:
     """Every step of the config's pipeline in run order (the manual `tune` last)."""
-    steps = [*_features(config), *_train_teacher(config), *_distill(), *_promote(), *_tune()]
+    steps = [*_features(config), *_train_teacher(config), *_distill(), *_promote(), *_monitor(), *_tune()]
     check_order(steps)
     return steps
 

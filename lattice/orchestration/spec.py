@@ -140,6 +140,15 @@ def dag_specs(config: PlatformConfig) -> list[DagSpec]:
                       "Instead of promoting, point the champion alias back at the previous champion."),
             ],
         ),
+        "monitor": (
+            "Watch the served model per cell (online NE, calibration, drift) and start retraining when a rule trips",
+            [
+                _date("end", config.time_range.end.isoformat(), "End date",
+                      "Last day to judge (exclusive, YYYY-MM-DD); a scheduled run uses its own data interval."),
+                _int("lookback_days", 7, "Lookback days", "Days before the end date the rules see (several periods).", 1, 365),
+                ParamSpec("period", "day", "Period", "The monitor's period.", {"type": "string", "enum": ["hour", "day"]}),
+            ],
+        ),
         "tune": (
             "Hyperparameter search on the validation split (Optuna, resumable); writes the best as a config overlay",
             [

@@ -114,7 +114,7 @@ def interval_params(params: dict[str, Any], specs: list[ParamSpec], run_type: st
     config's `time_range` (`bounds`), when the run is scheduled or backfilled and its form takes
     dates. Raises `OutsideRange` when the interval and the bounds do not meet."""
     names = {p.name for p in specs}
-    if run_type not in INTERVAL_RUNS or not {"start", "end"} <= names or start is None or end is None:
+    if run_type not in INTERVAL_RUNS or not {"start", "end"} & names or start is None or end is None:
         return params
     lo, hi = max(start.date(), bounds.start), min(end.date(), bounds.end)
     if end.date() == start.date():  # an interval shorter than a day still names its day
@@ -122,7 +122,8 @@ def interval_params(params: dict[str, Any], specs: list[ParamSpec], run_type: st
     if hi <= lo:
         raise OutsideRange(f"the {run_type} run's data interval [{start.date()}, {end.date()}) lies outside the config's "
                            f"time_range [{bounds.start}, {bounds.end}): nothing to process (widen time_range to admit it)")
-    return {**params, "start": lo.isoformat(), "end": hi.isoformat()}
+    dates = {"start": lo.isoformat(), "end": hi.isoformat()}
+    return {**params, **{k: v for k, v in dates.items() if k in names}}  # a form with an end only takes the end
 
 
 def stage_kwargs(stage_fn, task: TaskSpec, params: dict[str, Any], specs: list[ParamSpec]) -> dict[str, Any]:

@@ -176,3 +176,21 @@ def test_invalid_trigger_params_are_refused_with_a_message(monkeypatch, conf, me
     with pytest.raises(Exception, match=message):
         params.update(conf)
         params.validate()
+
+
+def test_monitoring_rules_make_the_monitor_dag_start_retraining(monkeypatch, tmp_path: Path) -> None:
+    """A config with monitoring.rules: its teacher DAG runs on new features or on a tripped rule
+    (the monitor task's `retrain` outlet); without rules only the features start it."""
+    data = yaml.safe_load((ROOT / "configs" / "demo.yaml").read_text())
+    data["name"] = "watched"
+    data["monitoring"] = {"rules": [{"kind": "calibration", "low": 0.9, "high": 1.1}]}
+    (tmp_path / "watched.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+    (tmp_path / "demo.yaml").write_text((ROOT / "configs" / "demo.yaml").read_text())
+    bag = _bag(monkeypatch, tmp_path)
+    assert bag.import_errors == {}
+    assert _assets(bag.dags["watched__train_teacher"]) == {"lattice.watched.features", "lattice.watched.retrain"}
+    assert _assets(bag.dags["demo__train_teacher"]) == {"lattice.demo.features"}
+    monitor = bag.dags["watched__monitor"]
+    [task] = monitor.tasks
+    assert task.task_id == "monitor" and {o.name for o in task.outlets} == {"lattice.watched.retrain"}
+    assert {"end", "lookback_days", "period"} == set(monitor.params.dump())
