@@ -71,6 +71,15 @@ class DaySplits:
     def wanted(self, date: str) -> bool:
         return date in self.days or date in self.replay
 
+    def cutoff(self) -> dt.datetime | None:
+        """The instant a run of these days trains at: midnight (UTC) after its newest train or
+        validation day, i.e. the start of its test day. Labels are taken as known at this instant
+        (lattice.data.label_time), so a conversion that arrives on the test day is not yet known."""
+        seen = [d for d, s in self.days.items() if s in ("train", "validation")] + list(self.replay)
+        if not seen:
+            return None
+        return dt.datetime.combine(dt.date.fromisoformat(max(seen)) + dt.timedelta(days=1), dt.time())
+
     def to_json(self) -> dict:
         return {"days": self.days, "replay": self.replay, "replay_share": self.replay_share}
 

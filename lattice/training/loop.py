@@ -220,7 +220,18 @@ class Trainer:
         per_rank = max(1, self.config.training.batch_size // self.world)
         return BatchLoader(self.config, Path(self.spec.table), self.stats, split, batch_size=per_rank, rank=self.rank,
                            world_size=self.world, seed=self.spec.seed, teacher_scores=self.spec.teacher_scores if split == "train" else None,
-                           with_truth=with_truth, cache=split in REREAD_SPLITS, days=self.days)
+                           with_truth=with_truth, cache=split in REREAD_SPLITS, days=self.days,
+                           label_cutoff=self._label_cutoff(split))
+
+    def _label_cutoff(self, split: str):
+        """A windowed run learns (train) and stops early (validation) on the labels known when it
+        trains: an impression whose attribution window is still open is masked, never a fake
+        negative (training.label_delay). The test day is judged later, on matured labels."""
+        from lattice.data.label_time import delayed_objectives
+
+        if self.days is None or split == "test" or not delayed_objectives(self.config):
+            return None
+        return self.days.cutoff()
 
     # ------------------------------------------------------------ checkpoints
     def save_checkpoint(self) -> None:

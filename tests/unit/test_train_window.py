@@ -134,3 +134,24 @@ def test_a_new_head_is_a_partial_warm_start_and_a_removed_one_is_refused(config)
     with pytest.raises(WarmStartError, match=r"objectives\.conversion.*warm_start: none"):
         check_compatible(build_model(fewer, "teacher", 4), blob, fewer, "teacher")
     assert check_compatible(build_model(base, "teacher", 4), blob, base, "teacher") == []
+
+
+def test_a_windowed_run_trains_on_the_labels_known_at_its_cutoff() -> None:
+    """Train and validation read labels as known at midnight after the window's newest day (an open
+    attribution window is masked); the test day is judged on matured labels; a config without
+    delayed labels reads the stored labels as before."""
+    import datetime as dt
+
+    from lattice.training.loop import Trainer
+
+    days = DaySplits({"2026-01-03": "train", "2026-01-04": "train", "2026-01-05": "validation", "2026-01-06": "test"})
+    assert days.cutoff() == dt.datetime(2026, 1, 6)
+    market = load_config(ROOT / "bench" / "configs" / "demo_market.yaml")
+    trainer = Trainer.__new__(Trainer)  # only the attributes the rule reads
+    trainer.config, trainer.days = market, days
+    assert trainer._label_cutoff("train") == trainer._label_cutoff("validation") == dt.datetime(2026, 1, 6)
+    assert trainer._label_cutoff("test") is None
+    trainer.days = None
+    assert trainer._label_cutoff("train") is None  # no window: the table's labels as they are
+    trainer.config, trainer.days = load_config(ROOT / "configs" / "demo.yaml"), days
+    assert trainer._label_cutoff("train") is None  # no label with a delay
