@@ -76,7 +76,7 @@ def _model_task(*args, **kwargs) -> TaskSpec:
 
 
 FP8_SET = {"fp8": "fp8.enabled"}
-TRAINING = {"epochs": "epochs", "nproc": "nproc"}
+TRAINING = {"epochs": "epochs", "nproc": "nproc", "end": "end"}
 
 
 def _features(config: PlatformConfig) -> list[TaskSpec]:
@@ -142,7 +142,8 @@ def _baselines(config: PlatformConfig) -> list[TaskSpec]:
 def _train_teacher(config: PlatformConfig) -> list[TaskSpec]:
     steps = [
         _model_task("train_teacher", "train", "Sharded teacher training under torchrun on the training set.",
-                    forward=TRAINING, fixed={"model": "teacher"}, replaces_model="teacher", config_sets=FP8_SET,
+                    forward={**TRAINING, "warm_start": "warm_start"}, fixed={"model": "teacher"}, replaces_model="teacher",
+                    config_sets=FP8_SET,
                     reads=("training_set", "hashing"), writes=("model:teacher",)),
         _model_task("evaluate_teacher", "evaluate", "NE, AUC and calibration per (domain, objective) cell.",
                     fixed={"model": "teacher"}, reads=("model:teacher",)),

@@ -81,7 +81,12 @@ def _objectives(config: PlatformConfig) -> ParamSpec:
 
 
 def _training(config: PlatformConfig, what: str) -> list[ParamSpec]:
+    window = config.training.window
     return [
+        ParamSpec("end", None, "Window end",
+                  f"With training.window ({window or 'unset in this config'}): the interval end (exclusive, YYYY-MM-DD) "
+                  f"the {what}'s window ends at; its test day is this date. Empty: the day after the table's newest day.",
+                  {"type": ["null", "string"], "format": "date"}),
         _int("epochs", config.training.epochs, "Epochs", f"Passes over the training set for the {what}.", 1, 100),
         _int("nproc", config.training.nproc, "Training processes",
              "torchrun processes (ranks) sharing the embedding tables; 1 trains without sharding; "
@@ -129,7 +134,11 @@ def dag_specs(config: PlatformConfig) -> list[DagSpec]:
     families: dict[Family, tuple[str, list[ParamSpec]]] = {
         "features": ("Consolidate, validate and publish the features of every domain", _features_params(config)),
         "train_teacher": ("Train the multi-domain multi-objective teacher and register it",
-                          [_domains(config), _objectives(config), *_training(config, "teacher")]),
+                          [_domains(config), _objectives(config), *_training(config, "teacher"),
+                           ParamSpec("warm_start", None, "Warm start",
+                                     f"Continue from the last teacher or the champion; empty keeps the config's "
+                                     f"training.warm_start ({config.training.warm_start}).",
+                                     {"type": ["null", "string"], "enum": [None, "none", "last", "champion"]})]),
         "distill": ("Distill the teacher into the small student and register it as challenger",
                     [_domains(config), _objectives(config), *_training(config, "student")]),
         "promote": (

@@ -82,9 +82,11 @@ def test_scheduled_runs_take_their_day_manual_runs_keep_the_form(demo) -> None:
     for kind in ("scheduled", "backfill"):
         assert interval_params(form, specs, kind, *day, demo.time_range) == {"start": "2026-01-05", "end": "2026-01-06"}
     assert interval_params(form, specs, "manual", *day, demo.time_range) == form
-    # a family whose form takes no dates is left alone
+    # a form with an end only (the teacher's window end) takes the interval's end; one without dates is left alone
     teacher = next(d.params for d in dag_specs(demo) if d.family == "train_teacher")
-    assert interval_params({"epochs": 1}, teacher, "scheduled", *day, demo.time_range) == {"epochs": 1}
+    assert interval_params({"epochs": 1}, teacher, "scheduled", *day, demo.time_range) == {"epochs": 1, "end": "2026-01-06"}
+    promote = next(d.params for d in dag_specs(demo) if d.family == "promote")
+    assert interval_params({"dry_run": True}, promote, "scheduled", *day, demo.time_range) == {"dry_run": True}
     # clipped to time_range, and a day outside it is nothing to do (the DAG skips the task)
     wide = (dt.datetime(2025, 12, 30, tzinfo=dt.timezone.utc), dt.datetime(2026, 1, 2, tzinfo=dt.timezone.utc))
     assert interval_params(form, specs, "backfill", *wide, demo.time_range)["start"] == demo.time_range.start.isoformat()
