@@ -39,12 +39,25 @@ def _resolve(name: str, mods: dict[str, Path]) -> str | None:
     return None
 
 
-def edges_of(mod: str, path: Path, mods: dict[str, Path]) -> set[str]:
+def _type_only_nodes(tree: ast.AST) -> set[int]:
+    """ids of the import nodes under `if TYPE_CHECKING:` (annotations only, never run)."""
+    out: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            for stmt in node.body:
+                out.update(id(n) for n in ast.walk(stmt))
+    return out
+
+
+def edges_of(mod: str, path: Path, mods: dict[str, Path], runtime_only: bool = False) -> set[str]:
     tree = ast.parse(path.read_text(), filename=str(path))
+    skip = _type_only_nodes(tree) if runtime_only else set()
     is_pkg = path.name == "__init__.py"
     package = mod if is_pkg else mod.rpartition(".")[0]
     out: set[str] = set()
     for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
         targets: list[str] = []
         if isinstance(node, ast.Import):
             targets = [a.name for a in node.names]
@@ -103,20 +116,22 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 def main() -> int:
     repo = Path(__file__).resolve().parents[1]
     mods = module_files(repo)
-    graph = {m: edges_of(m, p, mods) for m, p in mods.items()}
-    # A package __init__ importing its own submodules is not a design circle; drop edges
-    # from a package to its children so only real two-way ties remain.
-    for m in graph:
-        graph[m] = {t for t in graph[m] if not t.startswith(m + ".")}
-    n_edges = sum(len(v) for v in graph.values())
-    found = cycles(graph)
-    print(f"modules: {len(mods)}  edges: {n_edges}  cycles: {len(found)}")
-    for comp in found:
-        members = set(comp)
-        print("cycle:", " , ".join(comp))
-        for m in comp:
-            for t in sorted(graph[m] & members):
-                print(f"    {m} -> {t}")
+    for runtime_only in (False, True):
+        graph = {m: edges_of(m, p, mods, runtime_only) for m, p in mods.items()}
+        # A package __init__ importing its own submodules is not a design circle; drop edges
+        # from a package to its children so only real two-way ties remain.
+        for m in graph:
+            graph[m] = {t for t in graph[m] if not t.startswith(m + ".")}
+        n_edges = sum(len(v) for v in graph.values())
+        found = cycles(graph)
+        what = "run-time imports only (without `if TYPE_CHECKING:`)" if runtime_only else "all imports"
+        print(f"== {what}: modules: {len(mods)}  edges: {n_edges}  cycles: {len(found)}")
+        for comp in found:
+            members = set(comp)
+            print("cycle:", " , ".join(comp))
+            for m in comp:
+                for t in sorted(graph[m] & members):
+                    print(f"    {m} -> {t}")
     # Layering: lattice/ is the library; pipelines/ and features/ are built on it, so an
     # arrow from lattice into them points the wrong way even when it closes no cycle.
     upward = sorted((m, t) for m in graph for t in graph[m]
