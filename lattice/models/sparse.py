@@ -16,8 +16,9 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from lattice.config import PlatformConfig
 from lattice.config.schema import ModelSize
+from lattice.hashing.base import KJTCompress
 from lattice.hashing.layout import budget_rows, feature_width
-from lattice.hashing.modules import KJTCompress, make_compression
+from lattice.hashing.registry import make_compression
 
 
 def table_shape(config: PlatformConfig, size: ModelSize) -> list[tuple[str, int, int]]:
