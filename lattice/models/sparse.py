@@ -1,6 +1,6 @@
 """Sparse arch: per-feature compression -> TorchRec EmbeddingBagCollection -> one token per feature.
 
-Each sparse feature's `hashing` scheme is a compression module (lattice.hashing.modules): it
+Each sparse feature's `hashing` scheme is a compression module (lattice.hashing.registry): it
 turns the feature's ids into one stream per EBC table it owns (one for none/modulo/vocab/
 learned/zch, two for qr, one per frequency block for mixed), the EBC SUM-pools every table (the
 planner shards them like any table), and the module combines its tables' pooled rows into the
