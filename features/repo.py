@@ -38,9 +38,9 @@ def feature_service_name(config: PlatformConfig, version: int = 1, model: str = 
 def feature_refs(config: PlatformConfig) -> list[str]:
     """`view:feature` of every aggregate column: what a training set is built from before any
     model version (and so its service) exists."""
-    from pipelines.aggregates import feature_columns
+    from lattice.data.schema import aggregate_feature_columns
 
-    return [f"{a.name}:{c}" for a in config.features.aggregates for c, _ in feature_columns(a)]
+    return [f"{a.name}:{c}" for a in config.features.aggregates for c, _ in aggregate_feature_columns(a)]
 
 
 def project_name(config: PlatformConfig) -> str:
@@ -125,9 +125,7 @@ def entities(config: PlatformConfig) -> dict:
 
 
 def _source(config: PlatformConfig, paths: Paths, agg_name: str):
-    from pipelines.aggregates import aggregate_path
-
-    path = str(aggregate_path(paths, agg_name))
+    path = str(paths.aggregate(agg_name))
     if config.feature_store.offline_store == "spark":
         from feast.infra.offline_stores.contrib.spark_offline_store.spark_source import SparkSource
 
@@ -144,14 +142,14 @@ def feature_views(config: PlatformConfig, paths: Paths) -> list:
     from feast import FeatureView, Field
     from feast.types import Float64, Int64
 
-    from pipelines.aggregates import feature_columns
+    from lattice.data.schema import aggregate_feature_columns
 
     ents = entities(config)
     views = []
     for agg in config.features.aggregates:
         views.append(FeatureView(
             name=agg.name, entities=[ents[agg.entity]], ttl=config.feature_store.ttl_timedelta(),
-            schema=[Field(name=c, dtype=Float64 if kind == "rate" else Int64) for c, kind in feature_columns(agg)],
+            schema=[Field(name=c, dtype=Float64 if kind == "rate" else Int64) for c, kind in aggregate_feature_columns(agg)],
             source=_source(config, paths, agg.name), online=True,
             description=f"point-in-time {agg.objective} counts/rates per {agg.entity} over {', '.join(agg.windows)}",
             tags={"objective": agg.objective, "entity": agg.entity},

@@ -40,6 +40,10 @@ class Paths:
     def aggregates(self) -> Path:
         return self.workdir / "aggregates"
 
+    def aggregate(self, name: str) -> Path:
+        """One aggregate's parquet table (written by pipelines/aggregates.py, read by Feast)."""
+        return self.aggregates / name
+
     @property
     def training_set(self) -> Path:
         return self.workdir / "training_set"

@@ -35,7 +35,7 @@ HOUR_US = 3_600_000_000
 
 
 def aggregate_path(paths: Paths, aggregate: str):
-    return paths.aggregates / aggregate
+    return paths.aggregate(aggregate)
 
 
 def entity_column(config: PlatformConfig, agg: AggregateFeature) -> str:
@@ -44,7 +44,7 @@ def entity_column(config: PlatformConfig, agg: AggregateFeature) -> str:
 
 def feature_columns(agg: AggregateFeature) -> list[tuple[str, str]]:
     """(column, kind) in `lattice.data.schema.aggregate_columns` order; kind is 'int' or 'rate'."""
-    return [(f"{agg.name}_{stat}_{w}", "rate" if stat == "rate" else "int") for w in agg.windows for stat in agg.statistics]
+    return S.aggregate_feature_columns(agg)
 
 
 def compute_aggregate(config: PlatformConfig, agg: AggregateFeature, examples):

@@ -40,7 +40,7 @@ def _features(args: argparse.Namespace) -> int:
 
     config = load_or_exit(args.config)
     paths = Paths.for_config(config, args.workdir).ensure()
-    from pipelines.sources import SourceError
+    from lattice.data.source_files import SourceError
     from pipelines.stages import run_features, summary_path
     from pipelines.validate import ValidationFailed
 

@@ -15,9 +15,8 @@ from pathlib import Path
 
 from lattice.config.loader import Problem
 from lattice.config.schema import PlatformConfig, Source
+from lattice.data.source_files import SourceError, file_columns, required_columns, source_files
 from lattice.paths import Paths
-
-from pipelines.sources import SourceError, file_columns, required_columns, source_files
 
 SAMPLE_ROWS = 20
 # tried in this order when the configured format fails; the first that parses every sample wins

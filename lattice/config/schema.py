@@ -12,19 +12,14 @@ import datetime as dt
 import re
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
+from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from lattice.config.monitoring import Monitoring
+from lattice.config.strict import Strict  # noqa: F401 (re-exported: sections import it from here)
 
 NAME_RE = r"^[a-z][a-z0-9_]*$"
 _TTL_RE = re.compile(r"^([1-9][0-9]*)([smhd])$")
 _WINDOW_RE = re.compile(r"^(\d+)([hd])$")
-
-
-class Strict(BaseModel):
-    # use_attribute_docstrings: the string under each field becomes its description, which the
-    # config reference (lattice/config/reference.py) is generated from
-    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
 
 # ---------------------------------------------------------------- sources
@@ -892,7 +887,7 @@ class TimeRange(Strict):
         return self
 
 
-from lattice.config.timing import Market  # noqa: E402 (timing builds on Strict, defined above)
+from lattice.config.timing import Market  # noqa: E402 (kept beside its first use)
 
 
 class Synthetic(Strict):
@@ -1164,10 +1159,10 @@ class PlatformConfig(Strict):
                 if need not in have:
                     out.append(("training.split.kind", "source", f"no source has 'split: {need}'; "
                                 "add one, or use another split kind"))
-        from lattice.hashing.layout import hashing_problems  # torch-free: config check stays light
+        from lattice.config.rules_hashing import hashing_problems
 
         out += hashing_problems(self)
-        from lattice.tuning.space import space_problems  # torch-free, like hashing_problems
+        from lattice.config.rules_tuning import space_problems
 
         out += space_problems(self)
         t, st = self.models.teacher, self.models.student

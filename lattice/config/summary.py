@@ -15,16 +15,16 @@ def table_rows(f: SparseFeature) -> int:
 
 
 def embedding_bytes(config: PlatformConfig) -> int:
-    """fp32 bytes of every feature's embedding parameters (`lattice.hashing.layout.embedding_params`:
+    """fp32 bytes of every feature's embedding parameters (`lattice.config.rules_hashing.embedding_params`:
     QR concat is half a table; vocab, learned and mixed at most a full one)."""
-    from lattice.hashing.layout import embedding_params  # no torch
+    from lattice.config.rules_hashing import embedding_params
 
     return sum(embedding_params(f) * FLOAT_BYTES for f in config.features.sparse)
 
 
 def _lookup_note(f: SparseFeature) -> str:
     """The feature's id-lookup buffers (not parameters; the artifact carries them)."""
-    from lattice.hashing.layout import lookup_bytes
+    from lattice.config.rules_hashing import lookup_bytes
 
     n = lookup_bytes(f)
     if n is None:

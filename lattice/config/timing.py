@@ -9,7 +9,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from lattice.config.schema import Strict
+from lattice.config.strict import Strict
 
 _DURATION_RE = re.compile(r"^([1-9][0-9]*)([mhd])$")
 _UNIT_SECONDS = {"m": 60, "h": 3600, "d": 86400}

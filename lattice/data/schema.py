@@ -27,6 +27,7 @@ from __future__ import annotations
 import hashlib
 
 from lattice.config import PlatformConfig
+from lattice.config.schema import AggregateFeature
 from lattice.config.timing import known_at_objectives
 
 
@@ -58,13 +59,14 @@ def known_column(objective: str) -> str:
     return f"known_{objective}"
 
 
+def aggregate_feature_columns(agg: AggregateFeature) -> list[tuple[str, str]]:
+    """(column, kind) of one aggregate, kind 'int' or 'rate': the one naming rule that the
+    aggregates job, the Feast views and the training set all follow."""
+    return [(f"{agg.name}_{stat}_{w}", "rate" if stat == "rate" else "int") for w in agg.windows for stat in agg.statistics]
+
+
 def aggregate_columns(config: PlatformConfig) -> list[str]:
-    return [
-        f"{a.name}_{stat}_{w}"
-        for a in config.features.aggregates
-        for w in a.windows
-        for stat in a.statistics
-    ]
+    return [c for a in config.features.aggregates for c, _ in aggregate_feature_columns(a)]
 
 
 def passthrough_columns(config: PlatformConfig) -> list[str]:

@@ -27,8 +27,9 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from lattice.export.fp8_serving import SERVING_TYPES, serving_form
 from lattice.models.gemm import GemmSite
+from lattice.hashing.single import IdentityRemap, ModuloRemap
 from lattice.hashing.zch import ZCHRemap
-from lattice.models.remap import IdentityRemap, KJTRemap, ModuloRemap
+from lattice.models.remap import KJTRemap
 from lattice.models.sparse import SparseArch
 
 
@@ -96,7 +97,7 @@ class FusedSparse(nn.Module):
 def _modulo_remaps(arch: nn.Module) -> List[nn.Module] | None:
     """The per-feature modulo remaps of a SparseArch (after `_swap`), or None when any feature
     uses another scheme (vocab, qr, mixed, zch, learned: they keep the general path)."""
-    from lattice.hashing.modules import RemapCompression
+    from lattice.hashing.base import RemapCompression
 
     out = []
     for c in arch.compress.compressions():

@@ -20,7 +20,7 @@ from torch import nn
 
 from lattice.config.schema import SparseFeature
 from lattice.hashing.layout import MixedLayout, mixed_layout
-from lattice.hashing.modules import Compression, FittedLookup, TableSpec, _i64
+from lattice.hashing.base import Compression, FittedLookup, TableSpec, _i64
 
 
 def rank_lookup(m: dict) -> Tuple[FittedLookup, np.ndarray]:

@@ -27,7 +27,7 @@ from torch import nn
 
 from lattice.config.schema import SparseFeature
 from lattice.hashing.layout import qr_split, qr_widths
-from lattice.hashing.modules import Compression, TableSpec, lookup_from_map
+from lattice.hashing.base import Compression, TableSpec, lookup_from_map
 
 
 def _near_one(weight: torch.Tensor, half_width: float) -> torch.Tensor:

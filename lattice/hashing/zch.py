@@ -23,7 +23,7 @@ from torch import nn
 from torchrec.modules.mc_modules import LFU_EvictionPolicy, MCHManagedCollisionModule
 from torchrec.sparse.jagged_tensor import JaggedTensor
 
-from lattice.hashing.modules import FittedLookup, sorted_lookup
+from lattice.hashing.base import FittedLookup, sorted_lookup
 
 
 def global_ids(ids: torch.Tensor) -> torch.Tensor:

@@ -21,7 +21,7 @@ def model_cost(model: nn.Module, config: PlatformConfig, n_dense: int, batch: in
     """`embedding_params` counts the tables and what the compressed schemes add to them (mixed
     blocks' projections); `lookup_bytes` the id-lookup buffers (fitted maps, zch ids), which are
     no parameters but part of the model and its artifact."""
-    from lattice.hashing.modules import compressions, lookup_buffer_bytes
+    from lattice.hashing.base import compressions, lookup_buffer_bytes
 
     comp = compressions(model)
     emb_params = (sum(p.numel() for e in _ebcs(model) for p in e.parameters())

@@ -1,82 +1,24 @@
 """KJT -> KJT id remapping in front of the embedding tables.
 
 A single-table hashing scheme is a module that maps raw int64 ids of a key into [0, rows) of its
-table. 'none' and 'modulo' live here; vocab, learned and zch (lattice.hashing) are registered with
-`register_remap(kind, factory)` like any other single-table scheme. Multi-table schemes (qr, mixed) are not remaps:
-`lattice.hashing.modules.make_compression` builds every scheme's module for `SparseArch`.
+table. Every scheme, single- or multi-table, lives in lattice.hashing and is looked up by name in
+`lattice.hashing.registry`, whose `make_compression` builds each feature's module for `SparseArch`;
+this module keeps the model-side helpers (capacity notes, the per-key `KJTRemap`).
 """
 
 from __future__ import annotations
-
-from typing import Callable
 
 import torch
 from torch import nn
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from lattice.config import PlatformConfig
-from lattice.config.schema import SparseFeature
 
-# factory(config, feature, rows, fitted map or None) -> nn.Module mapping a (N,) int64 id tensor
-# into [0, rows) (a fitted scheme: into [0, the map's table_rows))
-RemapFactory = Callable[[PlatformConfig, SparseFeature, int, "dict | None"], nn.Module]
-_FACTORIES: dict[str, RemapFactory] = {}
-
-
-def register_remap(kind: str, factory: RemapFactory) -> None:
-    _FACTORIES[kind] = factory
-
-
-class ModuloRemap(nn.Module):
-    def __init__(self, rows: int):
-        super().__init__()
-        self.rows = rows
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:  # (N,) -> (N,)
-        return torch.remainder(ids, self.rows)
-
-
-class IdentityRemap(nn.Module):
-    """hashing 'none': ids are already table rows; an out-of-range id is a data or config error."""
-
-    def __init__(self, name: str, rows: int):
-        super().__init__()
-        self.name, self.rows = name, rows
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        if ids.numel() and (int(ids.max()) >= self.rows or int(ids.min()) < 0):
-            raise ValueError(
-                f"sparse feature {self.name!r} has hashing 'none' but an id outside [0, {self.rows}) "
-                f"(max {int(ids.max())}); raise its num_embeddings or use hashing: modulo")
-        return ids
-
-
-register_remap("modulo", lambda config, f, rows, fitted_map: ModuloRemap(rows))
-
-
-def _compressed(config: PlatformConfig, f: SparseFeature, rows: int, fitted_map: dict | None) -> nn.Module:
-    # imported on use: lattice.hashing builds on this module, and lattice.models on lattice.hashing
-    from lattice.hashing.modules import single_table_remap
-
-    return single_table_remap(f, rows, fitted_map)
-
-
-for _kind in ("vocab", "learned", "zch"):
-    register_remap(_kind, _compressed)
-
-
-def make_remap(config: PlatformConfig, feature: SparseFeature, rows: int, fitted_map: dict | None = None) -> nn.Module:
-    """The id -> row module of a single-table scheme; `fitted_map`: the feature's fitted map for
-    this row budget (vocab, learned)."""
-    if feature.hashing == "none":
-        # a scaled-down table cannot hold every raw id: re-hash into it
-        return IdentityRemap(feature.name, rows) if rows >= feature.num_embeddings else ModuloRemap(rows)
-    if feature.hashing not in _FACTORIES:
-        raise ValueError(
-            f"sparse feature {feature.name!r} uses hashing {feature.hashing!r}, which is not registered as a "
-            f"single-table remap (available: none, {', '.join(sorted(_FACTORIES))}); multi-table schemes (qr, mixed) "
-            "are built by lattice.hashing.modules.make_compression")
-    return _FACTORIES[feature.hashing](config, feature, rows, fitted_map)
+# The schemes themselves live in lattice.hashing (one module each, a name -> builder registry);
+# re-exported here for the callers that build or register a single-table remap through models.
+from lattice.hashing.registry import RemapBuilder as RemapFactory  # noqa: F401
+from lattice.hashing.registry import make_remap, register_remap  # noqa: F401
+from lattice.hashing.single import IdentityRemap, ModuloRemap  # noqa: F401
 
 
 def table_capacity_notes(config: PlatformConfig, distinct_ids: dict[str, int] | None,
@@ -111,7 +53,7 @@ def table_capacity_notes(config: PlatformConfig, distinct_ids: dict[str, int] | 
 
 class KJTRemap(nn.Module):
     """Applies one remap module per key; the KJT layout (keys, lengths) is unchanged. SparseArch now
-    goes through `lattice.hashing.modules.KJTCompress`, which also splits keys into sub-tables."""
+    goes through `lattice.hashing.base.KJTCompress`, which also splits keys into sub-tables."""
 
     def __init__(self, keys: list[str], remaps: list[nn.Module]):
         super().__init__()

@@ -1,6 +1,6 @@
 """Sparse arch: per-feature compression -> TorchRec EmbeddingBagCollection -> one token per feature.
 
-Each sparse feature's `hashing` scheme is a compression module (lattice.hashing.modules): it
+Each sparse feature's `hashing` scheme is a compression module (lattice.hashing.registry): it
 turns the feature's ids into one stream per EBC table it owns (one for none/modulo/vocab/
 learned/zch, two for qr, one per frequency block for mixed), the EBC SUM-pools every table (the
 planner shards them like any table), and the module combines its tables' pooled rows into the
@@ -16,8 +16,9 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from lattice.config import PlatformConfig
 from lattice.config.schema import ModelSize
+from lattice.hashing.base import KJTCompress
 from lattice.hashing.layout import budget_rows, feature_width
-from lattice.hashing.modules import KJTCompress, make_compression
+from lattice.hashing.registry import make_compression
 
 
 def table_shape(config: PlatformConfig, size: ModelSize) -> list[tuple[str, int, int]]:

@@ -51,7 +51,7 @@ DETERMINISTIC = frozenset({
     "lattice.config.loader.ConfigError",
     "lattice.orchestration.narrow.SubsetError",
     "pipelines.validate.ValidationFailed",
-    "pipelines.sources.SourceError",
+    "lattice.data.source_files.SourceError",
 })
 
 

@@ -12,7 +12,7 @@ import json
 import math
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -234,13 +234,19 @@ class Trainer:
         return self.days.cutoff()
 
     # ------------------------------------------------------------ checkpoints
-    def save_checkpoint(self) -> None:
-        checkpoint.save(self)
+    def save_checkpoint(self, root: Path | None = None) -> Path:
+        """Collective. `root`: default the model's checkpoint/."""
+        return checkpoint.save(root or self.dir / "checkpoint", self.state.global_step, self.rank, self.world,
+                               self.plan_json, model=self.model, dense_opt=self.dense_opt, best=self.best,
+                               loop_state=asdict(self.state), fp8_state=self.fp8.state())
 
     def load_checkpoint(self) -> bool:
         if self.resume_from is None:
             return False
-        checkpoint.load(self, self.resume_from, self.resume_meta)
+        got = checkpoint.load(self.resume_from, self.resume_meta, self.rank, self.world,
+                              model=self.model, dense_opt=self.dense_opt)
+        self.best, self.state = got.best, TrainState(**got.loop_state)
+        self.fp8.load(got.fp8_state)
         return True
 
     # ------------------------------------------------------------ epochs

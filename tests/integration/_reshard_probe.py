@@ -5,7 +5,6 @@ compares the two)."""
 import sys
 from pathlib import Path
 
-from lattice.training import checkpoint
 from lattice.training.loop import Trainer
 from lattice.training.spec import RunSpec
 
@@ -16,7 +15,7 @@ def resave(spec_path: str, out: str) -> None:
     trainer = Trainer(spec)
     try:
         assert trainer.load_checkpoint()
-        checkpoint.save(trainer, Path(out))
+        trainer.save_checkpoint(Path(out))
     finally:
         trainer.close()
 
