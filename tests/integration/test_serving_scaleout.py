@@ -23,6 +23,7 @@ from pathlib import Path
 
 import httpx
 import numpy as np
+import psutil
 import pytest
 import yaml
 
@@ -331,15 +332,19 @@ def _served_counts(url: str) -> dict[tuple[str, str], float]:
 
 def test_prometheus_on_loopback_scrapes_both_workers_per_cell(stack, server, prometheus, services, window):
     from lattice.deploy import prometheus_server as prom
+    from lattice.deploy.processes import wait_until
 
     url = server["url"]
     port = int(url.rsplit(":", 1)[1])
     # `lattice serve` announced itself in the folder the generated prometheus.yml reads
     target = json.loads((prom.targets_dir(services) / f"lattice-serve-{port}.json").read_text())
     assert target[0]["targets"] == [f"127.0.0.1:{port}"]
-    listening = {c.laddr for c in __import__("psutil").net_connections("tcp")
+    listening = {c.laddr for c in psutil.net_connections("tcp")
                  if c.status == "LISTEN" and c.laddr.port == services.ports["prometheus"]}
     assert {a.ip for a in listening} == {"127.0.0.1"}  # loopback only
+    # one scrape before the requests, so that rate() over the hour has two samples to work with
+    assert wait_until(
+        lambda: bool(_promql(prometheus, 'up{job="lattice-serving"}')), 60), "Prometheus never scraped the server"
     reqs = requests_from_rows(stack["config"], window.head(40))
     for i in range(0, 40, 8):
         assert httpx.post(url + "/predict", json={"requests": reqs[i:i + 8]}, headers=server["headers"],
