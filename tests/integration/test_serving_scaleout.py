@@ -342,10 +342,11 @@ def test_prometheus_on_loopback_scrapes_both_workers_per_cell(stack, server, pro
     listening = {c.laddr for c in psutil.net_connections("tcp")
                  if c.status == "LISTEN" and c.laddr.port == services.ports["prometheus"]}
     assert {a.ip for a in listening} == {"127.0.0.1"}  # loopback only
-    # one scrape before the requests, so that rate() over the hour has two samples to work with
-    assert wait_until(
-        lambda: bool(_promql(prometheus, 'up{job="lattice-serving"}')), 60), "Prometheus never scraped the server"
     reqs = requests_from_rows(stack["config"], window.head(40))
+    # a /predict series scraped before the requests below: rate() over the hour needs two samples
+    assert httpx.post(url + "/predict", json={"requests": reqs[:1]}, headers=server["headers"], timeout=60).status_code == 200
+    assert wait_until(lambda: bool(_promql(prometheus, 'lattice_predictions_total{job="lattice-serving"}')), 60), \
+        "Prometheus never scraped the server"
     for i in range(0, 40, 8):
         assert httpx.post(url + "/predict", json={"requests": reqs[i:i + 8]}, headers=server["headers"],
                           timeout=60).status_code == 200
