@@ -32,7 +32,8 @@ def _serve(args: argparse.Namespace) -> int:
 
     config = load_or_exit(args.config)
     try:
-        workers = args.workers or services(config).serving_workers
+        svc = services(config)
+        workers = args.workers or svc.serving_workers
         _auth_token(config.serving.auth_token_env)  # refuse here, not in every worker
     except (ServingStartupError, ProfileError) as exc:
         print(f"lattice serve: {exc}", file=sys.stderr)
@@ -41,7 +42,7 @@ def _serve(args: argparse.Namespace) -> int:
     # also says the batch size and never logs a query string
     common = dict(host=args.host, port=args.port, log_level=args.log_level, access_log=False,
                   log_config=_log_config(args.log_level))
-    target = _announce(config, args)
+    target = _announce(config, args, svc.prometheus_targets_dir)
     try:
         return _run(args, config, workers, common)
     finally:
@@ -51,12 +52,10 @@ def _serve(args: argparse.Namespace) -> int:
             unregister(target)
 
 
-def _announce(config, args: argparse.Namespace):
+def _announce(config, args: argparse.Namespace, targets: str | None):
     """Under a profile with Prometheus, this server's scrape target (file_sd); else None."""
-    from lattice.deploy.profile import services
     from lattice.serving.scrape_target import register
 
-    targets = services(config).prometheus_targets_dir
     if not targets or not config.monitoring.metrics:
         return None
     return register(targets, args.host, args.port, {"config": os.path.basename(args.config)})
