@@ -61,7 +61,8 @@ def test_report_follows_the_champion(config, tmp_path):
                                              tags={"lattice.model": "student"})
         versions.append(reg.version(int(mv.version)))
     for before, v in ((None, versions[0]), (1, versions[1])):
-        decision = {"decision": "promote", "passed": True, "reasons": [{"check": "ne", "passed": True, "message": f"v{v.version} ok"}],
+        reasons = [{"check": "ne", "passed": True, "message": f"v{v.version} ok"}]
+        decision = {"decision": "promote", "passed": True, "reasons": reasons,
                     "challenger_version": v.version, "champion_before": before, "champion_after": v.version, "measurements": {}}
         gate_run = reg.record_promotion(v, decision)
     summary = report(config, paths)
@@ -71,3 +72,10 @@ def test_report_follows_the_champion(config, tmp_path):
     assert "champion v1 → v2, challenger v2" in page and "v2 ok" in page
     rep = json.loads((tmp_path / "report.json").read_text())
     assert rep["champion"]["history"] == [1, 2]
+    # the stage's summary is what the run note is made from: it links the champion's run and the page
+    from lattice.orchestration.links import links_for
+
+    links = links_for(summary, config, paths)
+    assert links["MLflow gate decision"] == f"{paths.mlflow} (run {gate_run})"
+    assert links["report"] == str(tmp_path / "report.html")
+    assert links["per-cell test metrics"] == str(paths.model_dir("student") / "metrics.json")
