@@ -4,7 +4,7 @@
 # second run only checks a stamp of the requirement files and exits in seconds.
 #   LATTICE_TORCH_INDEX=https://download.pytorch.org/whl/cpu  lets pip take torch's CPU wheel
 #   instead of PyPI's CUDA build on machines without a local CPU wheel.
-#   LATTICE_WITH_SERVICES=0  skips Debian's postgresql + redis-server (the scale-out profile's services).
+#   LATTICE_WITH_SERVICES=0  skips Debian's postgresql + redis-server + prometheus (the scale-out profile's services).
 #   LATTICE_WITH_BROWSER=0  skips Debian's chromium + chromedriver, which the browser tests of the
 #   README's test command need (installed by default, so the one setup command covers the suite).
 #   LATTICE_GPU=1  (GPU machines only) installs CUDA torch, fbgemm-gpu and torchrec with its
@@ -63,15 +63,15 @@ if [ "${LATTICE_WITH_BROWSER:-1}" != "0" ] && ! command -v chromium >/dev/null; 
 fi
 # The scale-out profile's services (issue 20; `infra/scale-out up` starts them on loopback, the
 # scaleout tests of the test command too). Debian's packages; none is started here.
-if [ "${LATTICE_WITH_SERVICES:-1}" != "0" ] && { ! command -v redis-server >/dev/null || ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; }; then
-  echo "setup: installing postgresql + redis-server (Debian) for the scale-out profile"
+if [ "${LATTICE_WITH_SERVICES:-1}" != "0" ] && { ! command -v redis-server >/dev/null || ! command -v prometheus >/dev/null || ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; }; then
+  echo "setup: installing postgresql + redis-server + prometheus (Debian) for the scale-out profile"
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
-  if ! { $SUDO apt-get update -qq && $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql redis-server >/dev/null; }; then
-    echo "setup: could not install postgresql/redis-server (apt-get failed); the scaleout tests will fail." >&2
+  if ! { $SUDO apt-get update -qq && $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql redis-server prometheus >/dev/null; }; then
+    echo "setup: could not install postgresql/redis-server/prometheus (apt-get failed); the scaleout tests will fail." >&2
     echo "setup: install them by hand, or set LATTICE_WITH_SERVICES=0 to skip this step" >&2
     exit 1
   fi
   # Debian's packages start system-wide instances; the platform runs its own on other ports
-  for svc in redis-server postgresql; do $SUDO service "$svc" stop >/dev/null 2>&1 || true; done
+  for svc in redis-server postgresql prometheus; do $SUDO service "$svc" stop >/dev/null 2>&1 || true; done
 fi
 echo "setup: done. Try: .venv/bin/lattice --help"

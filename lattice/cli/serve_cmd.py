@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import os
 import sys
 
 from lattice.cli.common import load_or_exit
@@ -26,18 +27,13 @@ def _log_config(level: str) -> dict:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    import os
-
-    import uvicorn
-
     from lattice.deploy.profile import ProfileError, services
-    from lattice.paths import Paths
-    from lattice.serving.app import ServingStartupError, _auth_token, create_app
-    from lattice.serving.worker import spec_env
+    from lattice.serving.app import ServingStartupError, _auth_token
 
     config = load_or_exit(args.config)
     try:
-        workers = args.workers or services(config).serving_workers
+        svc = services(config)
+        workers = args.workers or svc.serving_workers
         _auth_token(config.serving.auth_token_env)  # refuse here, not in every worker
     except (ServingStartupError, ProfileError) as exc:
         print(f"lattice serve: {exc}", file=sys.stderr)
@@ -46,6 +42,32 @@ def _serve(args: argparse.Namespace) -> int:
     # also says the batch size and never logs a query string
     common = dict(host=args.host, port=args.port, log_level=args.log_level, access_log=False,
                   log_config=_log_config(args.log_level))
+    target = _announce(config, args, svc.prometheus_targets_dir)
+    try:
+        return _run(args, config, workers, common)
+    finally:
+        if target is not None:
+            from lattice.serving.scrape_target import unregister
+
+            unregister(target)
+
+
+def _announce(config, args: argparse.Namespace, targets: str | None):
+    """Under a profile with Prometheus, this server's scrape target (file_sd); else None."""
+    from lattice.serving.scrape_target import register
+
+    if not targets or not config.monitoring.metrics:
+        return None
+    return register(targets, args.host, args.port, {"config": os.path.basename(args.config)})
+
+
+def _run(args: argparse.Namespace, config, workers: int, common: dict) -> int:
+    import uvicorn
+
+    from lattice.paths import Paths
+    from lattice.serving.app import ServingStartupError, create_app
+    from lattice.serving.worker import spec_env
+
     if workers > 1:
         # each worker process imports the factory and builds its own server from this spec
         os.environ.update(spec_env(os.path.abspath(args.config), args.workdir, args.poll_seconds, args.torch_threads))

@@ -24,6 +24,7 @@ from typing import Callable
 
 from lattice.deploy import local_services as ls
 from lattice.deploy import mlflow_server as ml
+from lattice.deploy import prometheus_server as prom
 from lattice.deploy import spark_cluster as sc
 from lattice.deploy.profile import redact, write_profile
 
@@ -59,6 +60,8 @@ def parts() -> list[Part]:
              "spark-*.log"),
         Part("mlflow", ml.start_mlflow, ml.stop_mlflow, ml.mlflow_ready,
              lambda l: f"{ml.tracking_uri(l)} (artifacts {ml.artifacts_dir(l)})", "mlflow.log"),
+        Part("prometheus", prom.start_prometheus, prom.stop_prometheus, prom.prometheus_ready,
+             lambda l: f"{prom.url(l)} (scrape targets in {prom.targets_dir(l)})", "prometheus.log"),
     ]
 
 
@@ -139,18 +142,20 @@ def _prepare_home(layout: ls.Layout) -> None:
 
 # ------------------------------------------------------------------ packages
 def ensure_packages() -> None:
-    """Debian's postgresql and redis-server, installed like infra/setup.sh does if missing."""
+    """Debian's postgresql, redis-server and prometheus, installed like infra/setup.sh does if missing."""
     have_pg = any(Path("/usr/lib/postgresql").glob("*/bin/initdb"))
-    if have_pg and shutil.which("redis-server"):
+    if have_pg and shutil.which("redis-server") and shutil.which("prometheus"):
         return
     sudo = [] if os.geteuid() == 0 else ["sudo"]
-    print("scale-out: installing postgresql + redis-server (Debian)", flush=True)
+    print("scale-out: installing postgresql + redis-server + prometheus (Debian)", flush=True)
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    for cmd in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", "postgresql", "redis-server"]):
+    for cmd in (["apt-get", "update", "-qq"],
+                ["apt-get", "install", "-y", "-qq", "postgresql", "redis-server", "prometheus"]):
         if subprocess.run(sudo + cmd, env=env, stdout=subprocess.DEVNULL).returncode:
-            raise ls.ServiceError("apt-get could not install postgresql/redis-server: install them by hand and run again")
+            raise ls.ServiceError("apt-get could not install postgresql/redis-server/prometheus: install them by hand "
+                                  "and run again")
     # the packages start system-wide instances on the default ports; ours run on other ports
-    for svc in ("redis-server", "postgresql"):
+    for svc in ("redis-server", "postgresql", "prometheus"):
         subprocess.run(sudo + ["service", svc, "stop"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 

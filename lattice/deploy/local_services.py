@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 DEFAULT_PORTS = {"postgres": 5433, "redis": 6380, "spark": 7078, "spark_worker": 7079, "spark_worker2": 7081,
-                 "spark_ui": 7080, "mlflow": 5055, "rdzv": 29410, "airflow": 8089}
+                 "spark_ui": 7080, "mlflow": 5055, "rdzv": 29410, "airflow": 8089,
+                 "prometheus": 9091}  # not 9090: a system-wide Prometheus may hold that one
 DATABASES = {"airflow": "lattice_airflow", "mlflow": "lattice_mlflow", "feast": "lattice_feast"}
 PG_USER = "lattice"
 
@@ -251,4 +252,7 @@ def profile_dict(layout: Layout) -> dict:
         "torchrun": {"nnodes": 2, "nproc_per_node": 1, "rdzv_endpoint": f"127.0.0.1:{layout.ports['rdzv']}",
                      "local_nodes": True},
         "serving": {"workers": 2},
+        # `lattice serve` writes its scrape target into targets_dir (lattice/serving/scrape_target.py)
+        "prometheus": {"url": f"http://127.0.0.1:{layout.ports['prometheus']}",
+                       "targets_dir": str(layout.home / "prometheus" / "targets")},
     }

@@ -84,6 +84,8 @@ class Services:
     celery_workers: int = 0
     torchrun: Torchrun = field(default_factory=Torchrun)
     serving_workers: int = 1
+    prometheus_url: str | None = None
+    prometheus_targets_dir: str | None = None  # file_sd folder: each `lattice serve` adds its target there
     source: Path | None = None  # the profile file read (None: embedded)
 
     @property
@@ -172,6 +174,8 @@ def read_profile(path: Path) -> Services:
         torchrun=Torchrun(nnodes=int(tr.get("nnodes", 1)), nproc_per_node=tr.get("nproc_per_node"),
                           rdzv_endpoint=tr.get("rdzv_endpoint"), local_nodes=bool(tr.get("local_nodes", False))),
         serving_workers=int((raw.get("serving") or {}).get("workers", 1)),
+        prometheus_url=(raw.get("prometheus") or {}).get("url"),
+        prometheus_targets_dir=(raw.get("prometheus") or {}).get("targets_dir"),
         source=path,
     )
 

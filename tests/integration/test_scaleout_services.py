@@ -72,7 +72,7 @@ def test_scale_out_up_status_down_leaves_no_process_and_no_password(tmp_path):
         st = cli("status", timeout=60)
         outputs.append(st.stdout + st.stderr)
         assert st.returncode == 0 and "DOWN" not in st.stdout, st.stdout
-        for name in ("postgres", "redis", "spark", "mlflow", "airflow"):
+        for name in ("postgres", "redis", "spark", "mlflow", "prometheus", "airflow"):
             assert re.search(rf"^{name}\s+up\s", st.stdout, re.M), st.stdout
         assert f"spark://127.0.0.1:{ports['spark']} (2/2 workers" in st.stdout
         profile = secrets / "profile.json"

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import httpx
 import numpy as np
+import psutil
 import pytest
 import yaml
 
@@ -299,3 +300,71 @@ def test_champion_swap_under_load_every_worker_no_5xx(stack, server, window):
     assert statuses and not errors, errors[:3]
     assert all(s == 200 for s in statuses), sorted(set(statuses))
     assert versions[0] == old and versions[-1] == new and set(versions) == {old, new}
+
+
+# ------------------------------------------------------------------ Prometheus of the profile
+@pytest.fixture(scope="module")
+def prometheus(services):
+    """The profile's Prometheus (Debian's binary) on this module's throwaway layout; it scrapes
+    whatever `lattice serve` announced in the profile's targets folder."""
+    from lattice.deploy import prometheus_server as prom
+
+    try:
+        prom.start_prometheus(services)
+        yield prom.url(services)
+    finally:
+        prom.stop_prometheus(services)
+
+
+def _promql(base: str, query: str) -> list[dict]:
+    r = httpx.get(base + "/api/v1/query", params={"query": query}, timeout=10).json()
+    assert r["status"] == "success", r
+    return r["data"]["result"]
+
+
+def _served_counts(url: str) -> dict[tuple[str, str], float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    fams = {f.name: f for f in text_string_to_metric_families(httpx.get(url + "/metrics", timeout=10).text)}
+    return {(s.labels["domain"], s.labels["objective"]): s.value for s in fams["lattice_predictions"].samples
+            if s.name == "lattice_predictions_total"}
+
+
+def test_prometheus_on_loopback_scrapes_both_workers_per_cell(stack, server, prometheus, services, window):
+    from lattice.deploy import prometheus_server as prom
+    from lattice.deploy.processes import wait_until
+
+    url = server["url"]
+    port = int(url.rsplit(":", 1)[1])
+    # `lattice serve` announced itself in the folder the generated prometheus.yml reads
+    target = json.loads((prom.targets_dir(services) / f"lattice-serve-{port}.json").read_text())
+    assert target[0]["targets"] == [f"127.0.0.1:{port}"]
+    listening = {c.laddr for c in psutil.net_connections("tcp")
+                 if c.status == "LISTEN" and c.laddr.port == services.ports["prometheus"]}
+    assert {a.ip for a in listening} == {"127.0.0.1"}  # loopback only
+    reqs = requests_from_rows(stack["config"], window.head(40))
+    # a /predict series scraped before the requests below: rate() over the hour needs two samples
+    assert httpx.post(url + "/predict", json={"requests": reqs[:1]}, headers=server["headers"], timeout=60).status_code == 200
+    assert wait_until(lambda: bool(_promql(prometheus, 'lattice_predictions_total{job="lattice-serving"}')), 60), \
+        "Prometheus never scraped the server"
+    before = _served_counts(url)
+    for i in range(0, 40, 8):
+        assert httpx.post(url + "/predict", json={"requests": reqs[i:i + 8]}, headers=server["headers"],
+                          timeout=60).status_code == 200
+    served = _served_counts(url)  # both workers summed (multiprocess); nothing else sends now
+    # the server scores every objective for every request (the cells are only what is evaluated)
+    assert sum(served.values()) - sum(before.values()) == 40 * len(stack["config"].objective_names)
+    query = 'sum by (domain, objective) (lattice_predictions_total{job="lattice-serving"})'
+    deadline, seen = time.time() + 60, {}
+    while time.time() < deadline:
+        seen = {(r["metric"]["domain"], r["metric"]["objective"]): float(r["value"][1]) for r in _promql(prometheus, query)}
+        if seen == served:
+            break
+        time.sleep(1)
+    assert seen == served, f"Prometheus {seen} vs the server's /metrics {served}"
+    (up,) = _promql(prometheus, 'up{job="lattice-serving"}')
+    assert up["metric"]["instance"] == f"127.0.0.1:{port}" and up["value"][1] == "1"
+    # the documented p99 query answers for /predict (docs/monitoring.md)
+    p99 = _promql(prometheus, 'histogram_quantile(0.99, sum by (le) (rate(lattice_request_duration_seconds_bucket'
+                              '{job="lattice-serving", route="/predict"}[1h])))')
+    assert len(p99) == 1
