@@ -33,6 +33,8 @@ STAGES: dict[str, str] = {
     "tune": "lattice.tuning.stages:tune",
     # the served model's health: the prediction log joined with the labels that arrived, rules
     "monitor": "lattice.monitoring.stage:monitor",
+    # report.html rewritten for the registry's current champion (read-only on models and registry)
+    "report": "lattice.evaluation.champion_report:report",
 }
 
 

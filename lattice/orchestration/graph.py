@@ -175,7 +175,11 @@ def _promote() -> list[TaskSpec]:
                      "Compare the challenger with the champion cell by cell and promote it; a rejected challenger fails "
                      "this task (no retries) with every failed check in its message, and the decision stays in its "
                      "`decision` XCom.", forward={"dry_run": "dry_run"}, switch=("rollback", "rollback"), gate="passed",
-                     family="promote", reads=("registry:student",), writes=("registry:champion",))]
+                     family="promote", reads=("registry:student",), writes=("registry:champion",)),
+            TaskSpec("refresh_report", "report",
+                     "Rewrite the work dir's report.html for the registry's current champion and the decision that "
+                     "promoted it (a DAG chain's results where a person looks).",
+                     family="promote", reads=("registry:champion",), writes=("report",))]
 
 
 def _monitor() -> list[TaskSpec]:

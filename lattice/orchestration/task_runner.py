@@ -167,6 +167,16 @@ def _jsonable(value: Any) -> Any:
     return _jsonable(json.loads(json.dumps(value, default=str)))
 
 
+def _links(summary: Any, config, paths: Paths) -> dict[str, str]:
+    from lattice.orchestration.links import links_for
+
+    try:
+        return links_for(summary, config, paths) if isinstance(summary, dict) else {}
+    except Exception as exc:  # a link is a convenience: it never fails a stage that succeeded
+        log.warning("no links for this summary: %s: %s", type(exc).__name__, exc)
+        return {}
+
+
 def _log_summary(stage: str, summary: Any, seconds: float) -> None:
     log.info("stage %s finished in %.1f s", stage, seconds)
     if isinstance(summary, dict):
@@ -295,6 +305,10 @@ def execute(ctx: RunContext, task: TaskSpec, specs: list[ParamSpec]) -> dict[str
         raise
     _log_summary(stage, summary, time.perf_counter() - started)
     result = {"stage": stage, "config": config.name, "summary": _jsonable(summary)}
+    links = _links(summary, config, ctx.paths)
+    if links:  # where the results are: MLflow pages, report.html, per-cell metrics (XCom `links`)
+        result["links"] = links
+        log.info("links:\n%s", "\n".join(f"  {k}: {v}" for k, v in links.items()))
     if task.gate and stage == task.stage and not (isinstance(summary, dict) and summary.get(task.gate)):
         raise GateRejected(gate_message(task, summary if isinstance(summary, dict) else {}), result)
     return result

@@ -131,8 +131,10 @@ def test_a_rejected_promotion_is_a_failed_run_in_the_rest_api(airflow) -> None:
     run_id = resp.json()["dag_run_id"]
     run = client.wait_run("tiny__promote", run_id, timeout=600)
     assert run["state"] == "failed"
-    [ti] = client.task_instances("tiny__promote", run_id)
-    assert ti["task_id"] == "gate_and_promote" and ti["state"] == "failed" and ti["try_number"] == 1
+    tis = {t["task_id"]: t for t in client.task_instances("tiny__promote", run_id)}
+    ti = tis["gate_and_promote"]
+    assert ti["state"] == "failed" and ti["try_number"] == 1
+    assert tis["refresh_report"]["state"] == "upstream_failed"  # the report keeps the champion that stays
     base = f"/api/v2/dags/tiny__promote/dagRuns/{run_id}/taskInstances/gate_and_promote"
     xcom = client.http.get(f"{base}/xcomEntries/decision").json()
     value = xcom["value"] if isinstance(xcom["value"], dict) else json.loads(xcom["value"])

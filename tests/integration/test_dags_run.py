@@ -133,7 +133,7 @@ def test_whole_chain_with_an_added_domain_and_objective(airflow_db, monkeypatch,
         decision = _xcom(promote, "gate_and_promote")["summary"]
         assert decision["passed"] and decision["champion_after"] == student["version"]
     else:
-        assert _states(promote) == {"gate_and_promote": "failed"}
+        assert _states(promote) == {"gate_and_promote": "failed", "refresh_report": "upstream_failed"}
         decision = _xcom(promote, "gate_and_promote", key="decision")["summary"]
         assert not decision["passed"] and [r["message"] for r in decision["reasons"] if not r["passed"]]
         assert decision["champion_after"] == decision["champion_before"]
@@ -167,16 +167,22 @@ def test_a_rejected_promotion_is_a_failed_run_with_the_reasons(airflow_db, monke
     _fake_stage(monkeypatch, "promote", lambda config, paths, dry_run=False: dict(REJECTED))
     dr = promote.test(run_conf={"dry_run": False})
     assert str(dr.state) == "failed"
-    assert _states(dr) == {"gate_and_promote": "failed"}
-    assert _try_numbers(dr) == {"gate_and_promote": 1}  # failed at once, not up_for_retry
+    # the report keeps describing the champion that stays: its refresh never runs after a rejection
+    assert _states(dr) == {"gate_and_promote": "failed", "refresh_report": "upstream_failed"}
+    assert _try_numbers(dr)["gate_and_promote"] == 1  # failed at once, not up_for_retry
     decision = _xcom(dr, "gate_and_promote", key="decision")["summary"]
     assert decision["reasons"] == REJECTED["reasons"] and decision["champion_after"] == 1
-    # the same DAG with a passing gate is green
-    _fake_stage(monkeypatch, "promote", lambda config, paths, dry_run=False: {**REJECTED, "passed": True,
-                                                                             "champion_after": 2})
+    # the same DAG with a passing gate is green, and the report is refreshed after it
+    from lattice import stages
+
+    real = stages.get_stage
+    fakes = {"promote": lambda config, paths, dry_run=False: {**REJECTED, "passed": True, "champion_after": 2},
+             "report": lambda config, paths, **_: {"report": "refreshed"}}
+    monkeypatch.setattr(stages, "get_stage", lambda n: fakes.get(n) or real(n))
     dr = promote.test(run_conf={"dry_run": False})
     assert str(dr.state) == "success", _states(dr)
     assert _xcom(dr, "gate_and_promote")["summary"]["champion_after"] == 2
+    assert _states(dr) == {"gate_and_promote": "success", "refresh_report": "success"}
 
 
 def test_a_deterministic_error_fails_without_retries(airflow_db, monkeypatch, tmp_path: Path) -> None:
