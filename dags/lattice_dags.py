@@ -53,7 +53,9 @@ def _task(config_file: str, spec: DagSpec, t: TaskSpec, outlets: list[Asset]):
         from airflow.sdk.exceptions import AirflowSkipException
 
         from lattice.orchestration.task_runner import DeterministicError, GateRejected, OutsideRange, run_task
+        from lattice.quiet import library_notices
 
+        library_notices()  # before the stage imports GE, torch, fbgemm: their chatter never reaches the log
         context = get_current_context()
         run = context.get("dag_run")
         run_type = getattr(getattr(run, "run_type", None), "value", getattr(run, "run_type", None))

@@ -41,7 +41,8 @@ class DropLibraryNotices(logging.Filter):
 
 
 # loggers whose records below WARNING are bookkeeping of the library, not news about the run
-_CHATTY = ("great_expectations._docs_decorators",)
+# (GE's closure notes and its "Multiple declarations of metric", py4j's connection closing)
+_CHATTY = ("great_expectations._docs_decorators", "great_expectations.expectations.registry", "py4j.clientserver")
 _FBGEMM_FILE = re.compile(r"[/\\]fbgemm_gpu[/\\]")
 
 

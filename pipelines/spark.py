@@ -92,21 +92,27 @@ def get_spark(master: str | None = None, app_name: str = "lattice-features", shu
         conf = driver_conf(master)
         if "spark.driver.host" in conf:  # the JVM's own interface lookup agrees with the bind address
             os.environ.setdefault("SPARK_LOCAL_IP", conf["spark.driver.host"])
-        builder = (
-            SparkSession.builder.master(master)
-            .appName(app_name)
-            .config("spark.ui.enabled", "false")
-            .config("spark.sql.shuffle.partitions", str(parts))
-            .config("spark.default.parallelism", str(parts))
-            .config("spark.driver.memory", os.environ.get("LATTICE_SPARK_MEMORY", "4g"))
-            .config("spark.sql.adaptive.enabled", "true")
-        )
-        for k, v in conf.items():
-            builder = builder.config(k, v)
+        options = {
+            "spark.master": master,
+            "spark.app.name": app_name,
+            "spark.ui.enabled": "false",
+            "spark.sql.shuffle.partitions": str(parts),
+            "spark.default.parallelism": str(parts),
+            "spark.driver.memory": os.environ.get("LATTICE_SPARK_MEMORY", "4g"),
+            "spark.sql.adaptive.enabled": "true",
+            **conf,
+            **RUNTIME_CONF,
+        }
         executor_memory = _executor_memory(master)
         if executor_memory:
-            builder = builder.config("spark.executor.memory", executor_memory)
-        for k, v in RUNTIME_CONF.items():
+            options["spark.executor.memory"] = executor_memory
+        from pyspark import SparkConf
+
+        from pipelines.jvm_log import launch_relayed
+
+        launch_relayed(SparkConf().setAll(list(options.items())))  # off a terminal: JVM lines by level
+        builder = SparkSession.builder
+        for k, v in options.items():
             builder = builder.config(k, v)
         spark = builder.getOrCreate()
         spark.sparkContext.setLogLevel("ERROR")
