@@ -43,3 +43,18 @@ def test_feast_spark_offline_store_binds_the_embedded_driver_to_loopback(root, t
     assert spark_conf["spark.driver.bindAddress"] == "127.0.0.1" and spark_conf["spark.driver.host"] == "127.0.0.1"
     assert spark_conf["spark.ui.showConsoleProgress"] == "false"
     assert RepoConfig(**conf).offline_store.spark_conf["spark.driver.bindAddress"] == "127.0.0.1"  # Feast takes it
+
+
+def test_materialize_starts_feasts_driver_with_the_yaml_conf_relayed(monkeypatch):
+    from types import SimpleNamespace
+
+    import pipelines.jvm_log as jvm_log
+    from pipelines.feast_jobs import _relay_feast_driver
+
+    seen = []
+    monkeypatch.setattr(jvm_log, "launch_relayed", lambda conf: seen.append(dict(conf.getAll())))
+    spark_conf = {"spark.master": "local[2]", **driver_conf("local[2]")}
+    _relay_feast_driver(SimpleNamespace(config=SimpleNamespace(offline_store=SimpleNamespace(type="spark",
+                                                                                             spark_conf=spark_conf))))
+    _relay_feast_driver(SimpleNamespace(config=SimpleNamespace(offline_store=SimpleNamespace(type="file"))))
+    assert seen == [spark_conf]
