@@ -157,10 +157,17 @@ def feast_cross_check(config: PlatformConfig, paths: Paths, n: int) -> dict:
 
 def _relay_feast_driver(store) -> None:
     """Feast's Spark offline store starts its own session from feature_store.yaml's spark_conf:
-    start that JVM here, with the same settings, so its output is relayed by level too."""
+    start that JVM here, with the same settings, so its output is relayed by level too, and with
+    the JVM's own address lookup (SPARK_LOCAL_IP, an environment variable no conf key sets) on
+    the driver's bind address, as get_spark does."""
     offline = store.config.offline_store
     if getattr(offline, "type", None) == "spark" and offline.spark_conf:
+        import os
+
         from pyspark import SparkConf
+
+        if offline.spark_conf.get("spark.driver.bindAddress"):
+            os.environ.setdefault("SPARK_LOCAL_IP", offline.spark_conf["spark.driver.bindAddress"])
 
         from pipelines.jvm_log import launch_relayed
 

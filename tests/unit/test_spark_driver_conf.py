@@ -3,6 +3,8 @@ master is elsewhere, logs through the platform's log4j2 file and draws no progre
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from lattice.config import load_config
@@ -51,6 +53,8 @@ def test_materialize_starts_feasts_driver_with_the_yaml_conf_relayed(monkeypatch
     import pipelines.jvm_log as jvm_log
     from pipelines.feast_jobs import _relay_feast_driver
 
+    monkeypatch.setenv("SPARK_LOCAL_IP", "x")  # restored after the test
+    monkeypatch.delenv("SPARK_LOCAL_IP")
     seen = []
     monkeypatch.setattr(jvm_log, "launch_relayed", lambda conf: seen.append(dict(conf.getAll())))
     spark_conf = {"spark.master": "local[2]", **driver_conf("local[2]")}
@@ -58,3 +62,4 @@ def test_materialize_starts_feasts_driver_with_the_yaml_conf_relayed(monkeypatch
                                                                                              spark_conf=spark_conf))))
     _relay_feast_driver(SimpleNamespace(config=SimpleNamespace(offline_store=SimpleNamespace(type="file"))))
     assert seen == [spark_conf]
+    assert os.environ["SPARK_LOCAL_IP"] == "127.0.0.1"  # the JVM's own address lookup agrees
