@@ -12,6 +12,7 @@ they follow, other lines at INFO (stdout) or WARNING (stderr). On a terminal the
 from __future__ import annotations
 
 import logging
+import os
 import re
 import subprocess
 import sys
@@ -57,11 +58,12 @@ def _pump(stream: IO[bytes], default: int) -> None:
 
 def launch_relayed(conf) -> bool:
     """Start the JVM of the next SparkContext with its output relayed; False (nothing done) on a
-    terminal or when this process already has a JVM."""
+    terminal, when this process already has a JVM, or under spark-submit (which started the JVM
+    and set PYSPARK_GATEWAY_PORT)."""
     from pyspark import SparkContext
     from pyspark.java_gateway import launch_gateway
 
-    if SparkContext._gateway is not None or is_terminal(sys.stderr):
+    if SparkContext._gateway is not None or is_terminal(sys.stderr) or "PYSPARK_GATEWAY_PORT" in os.environ:
         return False
     gateway = launch_gateway(conf, popen_kwargs={"stdout": subprocess.PIPE, "stderr": subprocess.PIPE})
     for stream, default in ((gateway.proc.stdout, logging.INFO), (gateway.proc.stderr, logging.WARNING)):

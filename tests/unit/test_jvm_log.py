@@ -32,3 +32,23 @@ def test_progress_bar_returns_split_lines_and_the_launcher_note_is_debug():
 def test_an_unprefixed_line_after_an_error_is_not_an_error():
     out = list(levels(["ERROR X: failed", "plain text"], logging.WARNING))
     assert out[1] == (logging.WARNING, "plain text")
+
+
+def test_nothing_is_launched_under_spark_submit_or_on_a_terminal(monkeypatch):
+    import io
+
+    import pipelines.jvm_log as jvm_log
+
+    monkeypatch.setattr("pyspark.java_gateway.launch_gateway", lambda *a, **k: (_ for _ in ()).throw(AssertionError))
+    monkeypatch.setattr("pyspark.SparkContext._gateway", None)  # as in a process with no JVM yet
+    monkeypatch.setenv("PYSPARK_GATEWAY_PORT", "12345")  # spark-submit's own JVM serves this process
+    monkeypatch.setattr(jvm_log.sys, "stderr", io.StringIO())
+    assert jvm_log.launch_relayed(None) is False
+    monkeypatch.delenv("PYSPARK_GATEWAY_PORT")
+
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    monkeypatch.setattr(jvm_log.sys, "stderr", Tty())
+    assert jvm_log.launch_relayed(None) is False
