@@ -22,7 +22,7 @@ from airflow.sdk import Asset, Param, dag, get_current_context, task
 
 from lattice.config import PlatformConfig
 from lattice.orchestration.config_errors import load_configs
-from lattice.orchestration.spec import DagSpec, TaskSpec, dag_specs
+from lattice.orchestration.spec import DagSpec, TaskSpec, dag_specs, form_values
 
 log = logging.getLogger(__name__)
 
@@ -53,13 +53,15 @@ def _task(config_file: str, spec: DagSpec, t: TaskSpec, outlets: list[Asset]):
         from airflow.sdk.exceptions import AirflowSkipException
 
         from lattice.orchestration.task_runner import DeterministicError, GateRejected, OutsideRange, run_task
+        from lattice.quiet import library_notices
 
+        library_notices()  # before the stage imports GE, torch, fbgemm: their chatter never reaches the log
         context = get_current_context()
         run = context.get("dag_run")
         run_type = getattr(getattr(run, "run_type", None), "value", getattr(run, "run_type", None))
         interval = (str(run_type) if run_type else None, context.get("data_interval_start"), context.get("data_interval_end"))
         try:
-            result = run_task(config_file, t, dict(context["params"]), spec.params, interval)
+            result = run_task(config_file, t, form_values(dict(context["params"]), spec.params), spec.params, interval)
         except OutsideRange as exc:
             raise AirflowSkipException(str(exc)) from exc
         except GateRejected as exc:

@@ -69,7 +69,11 @@ def store_config(config: PlatformConfig, paths: Paths) -> dict:
         registry = {**svc.feast_registry, "serve_features_while_materializing": True}
     offline: dict = {"type": "file"}
     if fs.offline_store == "spark":
-        offline = {"type": "spark", "spark_conf": {**SPARK_CONF, "spark.master": svc.spark_master}}
+        # the driver Feast starts is set up as the platform's own (loopback, log4j2, no progress bar)
+        from pipelines.spark import driver_conf
+
+        offline = {"type": "spark", "spark_conf": {**SPARK_CONF, "spark.master": svc.spark_master,
+                                                   **driver_conf(svc.spark_master)}}
     return {
         "project": project_name(config),
         "registry": registry,

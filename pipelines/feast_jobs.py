@@ -155,6 +155,25 @@ def feast_cross_check(config: PlatformConfig, paths: Paths, n: int) -> dict:
     return {"rows": len(sample), "mismatches": 0}
 
 
+def _relay_feast_driver(store) -> None:
+    """Feast's Spark offline store starts its own session from feature_store.yaml's spark_conf:
+    start that JVM here, with the same settings, so its output is relayed by level too, and with
+    the JVM's own address lookup (SPARK_LOCAL_IP, an environment variable no conf key sets) on
+    the driver's bind address, as get_spark does."""
+    offline = store.config.offline_store
+    if getattr(offline, "type", None) == "spark" and offline.spark_conf:
+        import os
+
+        from pyspark import SparkConf
+
+        if offline.spark_conf.get("spark.driver.bindAddress"):
+            os.environ.setdefault("SPARK_LOCAL_IP", offline.spark_conf["spark.driver.bindAddress"])
+
+        from pipelines.jvm_log import launch_relayed
+
+        launch_relayed(SparkConf().setAll(list(offline.spark_conf.items())))
+
+
 def materialize(config: PlatformConfig, paths: Paths, start: str | None = None, end: str | None = None,
                 domains: list[str] | None = None, master: str | None = None) -> dict:
     """Load the latest aggregate values per entity into the online store (SQLite / Redis)."""
@@ -162,6 +181,7 @@ def materialize(config: PlatformConfig, paths: Paths, start: str | None = None, 
     if not config.features.aggregates:
         return {"stage": "materialize", "feature_views": [], "timings": {"total": 0.0}}
     store = get_store(config, paths)
+    _relay_feast_driver(store)
     lo = dt.datetime.combine(config.time_range.start, dt.time(), tzinfo=dt.timezone.utc) - dt.timedelta(days=1)
     hi = dt.datetime.combine(config.time_range.end, dt.time(), tzinfo=dt.timezone.utc) + dt.timedelta(days=1)
     views = [a.name for a in config.features.aggregates]

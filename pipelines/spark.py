@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from urllib.parse import urlsplit
 
 DEFAULT_MASTER = "local[2]"
@@ -21,6 +22,23 @@ RUNTIME_CONF = {
     # instead of failing the whole job as ANSI casts would
     "spark.sql.ansi.enabled": "false",
 }
+
+
+LOG4J2 = Path(__file__).with_name("log4j2.properties")
+
+
+def driver_conf(master: str) -> dict[str, str]:
+    """Settings of the driver JVM itself, for every session the platform starts (ours and Feast's):
+    no console progress bar (its `\r` lines fill a task log), the platform's log4j2 file (JVM
+    warnings on stdout, errors alone on stderr), and, for a master on loopback, a driver that
+    listens on loopback only (no port on the machine's network). A remote cluster master needs a
+    reachable driver, which its environment names (LATTICE_SPARK_DRIVER_HOST / SPARK_LOCAL_IP)."""
+    conf = {"spark.ui.showConsoleProgress": "false",
+            "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile={LOG4J2.as_uri()}"}
+    host = os.environ.get("LATTICE_SPARK_DRIVER_HOST", "127.0.0.1" if _loopback(master) else "")
+    if host:
+        conf.update({"spark.driver.host": host, "spark.driver.bindAddress": host})
+    return conf
 
 
 def resolve_master(master: str | None = None, config=None) -> str:
@@ -71,28 +89,30 @@ def get_spark(master: str | None = None, app_name: str = "lattice-features", shu
     if spark is None:
         parts = shuffle_partitions or int(os.environ.get("LATTICE_SHUFFLE_PARTITIONS", "8"))
         master = resolve_master(master, config)
-        # a driver for a master on loopback (embedded, or the local scale-out cluster) listens on
-        # loopback only (no port on the machine's network); a remote cluster master needs a
-        # reachable driver, which its environment sets (SPARK_LOCAL_IP / LATTICE_SPARK_DRIVER_HOST)
-        host = os.environ.get("LATTICE_SPARK_DRIVER_HOST", "127.0.0.1" if _loopback(master) else "")
-        if host:
-            os.environ.setdefault("SPARK_LOCAL_IP", host)
-        builder = (
-            SparkSession.builder.master(master)
-            .appName(app_name)
-            .config("spark.ui.enabled", "false")
-            .config("spark.ui.showConsoleProgress", "false")
-            .config("spark.sql.shuffle.partitions", str(parts))
-            .config("spark.default.parallelism", str(parts))
-            .config("spark.driver.memory", os.environ.get("LATTICE_SPARK_MEMORY", "4g"))
-            .config("spark.sql.adaptive.enabled", "true")
-        )
-        if host:
-            builder = builder.config("spark.driver.host", host).config("spark.driver.bindAddress", host)
+        conf = driver_conf(master)
+        if "spark.driver.host" in conf:  # the JVM's own interface lookup agrees with the bind address
+            os.environ.setdefault("SPARK_LOCAL_IP", conf["spark.driver.host"])
+        options = {
+            "spark.master": master,
+            "spark.app.name": app_name,
+            "spark.ui.enabled": "false",
+            "spark.sql.shuffle.partitions": str(parts),
+            "spark.default.parallelism": str(parts),
+            "spark.driver.memory": os.environ.get("LATTICE_SPARK_MEMORY", "4g"),
+            "spark.sql.adaptive.enabled": "true",
+            **conf,
+            **RUNTIME_CONF,
+        }
         executor_memory = _executor_memory(master)
         if executor_memory:
-            builder = builder.config("spark.executor.memory", executor_memory)
-        for k, v in RUNTIME_CONF.items():
+            options["spark.executor.memory"] = executor_memory
+        from pyspark import SparkConf
+
+        from pipelines.jvm_log import launch_relayed
+
+        launch_relayed(SparkConf().setAll(list(options.items())))  # off a terminal: JVM lines by level
+        builder = SparkSession.builder
+        for k, v in options.items():
             builder = builder.config(k, v)
         spark = builder.getOrCreate()
         spark.sparkContext.setLogLevel("ERROR")

@@ -70,6 +70,33 @@ def _flag(name: str, default: bool, title: str, description: str) -> ParamSpec:
     return ParamSpec(name, default, title, description, {"type": "boolean"})
 
 
+# A parameter that either sets a boolean config key or keeps the config's value: a drop-down of
+# three choices, the config's own value named on the first. The values are strings because
+# Airflow 3.3's form draws any "boolean" type as an on/off switch (no third state), and its
+# drop-down shows a chosen value only for strings, numbers and null; `form_values` turns them back
+# into True / False / None before the task runner sees them.
+CHOICE = {None: None, "true": True, "false": False}
+
+
+def _config_choice(name: str, title: str, description: str, current: bool) -> ParamSpec:
+    shown = "on" if current else "off"
+    schema = {"type": ["null", "string"], "enum": list(CHOICE),
+              "values_display": {"null": f"config default ({shown})", "true": "on", "false": "off"}}
+    return ParamSpec(name, None, title, f"{description} The first choice keeps the config's setting (now {shown}).",
+                     schema)
+
+
+def is_choice(spec: ParamSpec) -> bool:
+    return spec.schema.get("enum") == list(CHOICE)
+
+
+def form_values(params: dict[str, Any], specs: list[ParamSpec]) -> dict[str, Any]:
+    """The run's parameters with each three-way choice as True / False / None (a caller that
+    passes the boolean itself keeps it)."""
+    choices = {p.name for p in specs if is_choice(p)}
+    return {k: CHOICE.get(v, v) if k in choices and isinstance(v, str) else v for k, v in params.items()}
+
+
 def _domains(config: PlatformConfig) -> ParamSpec:
     return _subset("domains", config.domain_names, "Domains",
                    "Domains (surfaces) to include; all by default. Values come from the config's 'domains'.")
@@ -91,9 +118,8 @@ def _training(config: PlatformConfig, what: str) -> list[ParamSpec]:
         _int("nproc", config.training.nproc, "Training processes",
              "torchrun processes (ranks) sharing the embedding tables; 1 trains without sharding; "
              "0 chooses from the machine (one per GPU, else 1).", 0, 64),
-        ParamSpec("fp8", None, "FP8",
-                  f"Train the {what} with FP8 GEMMs at the sites the probe finds safe (fp8.enabled); "
-                  "empty keeps the config's setting.", {"type": ["null", "boolean"]}),
+        _config_choice("fp8", "FP8", f"Train the {what} with FP8 GEMMs at the sites the probe finds safe "
+                       "(fp8.enabled).", config.fp8.enabled),
     ]
 
 

@@ -178,13 +178,19 @@ def _links(summary: Any, config, paths: Paths) -> dict[str, str]:
 
 
 def _log_summary(stage: str, summary: Any, seconds: float) -> None:
-    log.info("stage %s finished in %.1f s", stage, seconds)
+    from lattice.orchestration.story import summary_lines
+
+    # the details first, then the short account a person reads first: the last lines of the log
     if isinstance(summary, dict):
+        log.info("stage %s returned:", stage)
         for key, value in summary.items():
             if isinstance(value, (int, float, str, bool)) or value is None:
                 log.info("  %s = %s", key, value)
             else:
-                log.info("  %s = %s", key, json.dumps(value, default=str)[:500])
+                log.info("  %s = %s", key, json.dumps(value, default=str)[:300])
+    log.info("stage %s finished in %.1f s", stage, seconds)
+    for line in summary_lines(summary):
+        log.info("  %s", line)
 
 
 @dataclass

@@ -336,9 +336,10 @@ def test_a_failed_training_keeps_the_previous_model_whole(tmp_path: Path, monkey
     assert not (tmp_path / "work" / ".staging").exists()
 
 
-@pytest.mark.parametrize("value", [True, False, None])
-def test_the_fp8_switch_of_the_training_forms_sets_fp8_enabled_for_the_run(tmp_path: Path, monkeypatch, value) -> None:
+@pytest.mark.parametrize("form, value", [("true", True), ("false", False), (None, None), (True, True), (False, False)])
+def test_the_fp8_choice_of_the_training_forms_sets_fp8_enabled_for_the_run(tmp_path: Path, monkeypatch, form, value) -> None:
     from lattice import stages
+    from lattice.orchestration.spec import form_values
 
     seen = {}
 
@@ -353,12 +354,42 @@ def test_the_fp8_switch_of_the_training_forms_sets_fp8_enabled_for_the_run(tmp_p
     for family, task_id in (("train_teacher", "train_teacher"), ("distill", "distill_student")):
         spec = next(s for s in dag_specs(config) if s.family == family)
         task = next(t for t in spec.tasks if t.task_id == task_id)
-        assert "fp8" in {p.name for p in spec.params} and _schema_ok(spec, "fp8", value)
+        # the form's values validate; a boolean passed to run_task itself (no form) is kept as it is
+        assert "fp8" in {p.name for p in spec.params} and _schema_ok(spec, "fp8", form) is not isinstance(form, bool)
+        params = form_values({**defaults(spec), "fp8": form}, spec.params)
+        assert params["fp8"] is value
         monkeypatch.setattr(stages, "get_stage", lambda name: fake_train)
         monkeypatch.setenv("LATTICE_WORKDIR", str(tmp_path))
         seen.clear()
-        run_task(ROOT / "configs" / "demo.yaml", task, {**defaults(spec), "fp8": value}, spec.params)
+        run_task(ROOT / "configs" / "demo.yaml", task, params, spec.params)
         assert seen["fp8"] is (config.fp8.enabled if value is None else value)
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_the_fp8_param_is_a_three_way_choice_that_names_the_config_value(enabled) -> None:
+    from airflow.sdk import Param
+    from airflow.sdk.exceptions import ParamValidationError
+
+    base = load_config(ROOT / "configs" / "demo.yaml")
+    config = base.model_copy(update={"fp8": base.fp8.model_copy(update={"enabled": enabled})})
+    for spec in dag_specs(config):
+        for p in spec.params:
+            # no parameter is a nullable boolean: Airflow's form draws those as a two-state switch
+            types = p.schema.get("type") if isinstance(p.schema.get("type"), list) else [p.schema.get("type")]
+            assert not ("boolean" in types and "null" in types), (spec.dag_id, p.name)
+    spec = next(s for s in dag_specs(config) if s.family == "train_teacher")
+    fp8 = next(p for p in spec.params if p.name == "fp8")
+    assert fp8.schema["enum"] == [None, "true", "false"] and fp8.default is None
+    # Airflow 3.3's form picks its widget from the first non-null type: "string" with an enum is a
+    # drop-down (a "boolean" would be a switch), each choice labelled by values_display
+    assert [t for t in fp8.schema["type"] if t != "null"][0] == "string"
+    shown = "on" if enabled else "off"
+    assert fp8.schema["values_display"] == {"null": f"config default ({shown})", "true": "on", "false": "off"}
+    param = Param(fp8.default, description=fp8.description, title=fp8.title, **fp8.schema)
+    assert param.schema["values_display"]["null"] == f"config default ({shown})"  # reaches the serialized form
+    assert [param.resolve(v) for v in (None, "true", "false")] == [None, "true", "false"]
+    with pytest.raises(ParamValidationError):
+        param.resolve("yes")
 
 
 def test_the_tune_dag_is_manual_and_forwards_its_params_to_the_tune_stage() -> None:

@@ -51,3 +51,43 @@ def test_installing_twice_adds_one_log_filter():
     library_notices()
     library_notices()
     assert sum(isinstance(f, DropLibraryNotices) for f in logging.getLogger("py.warnings").filters) == 1
+
+
+def _root_passes(pathname: str, level: int, message: str, name: str = "root") -> bool:
+    record = logging.LogRecord(name, level, pathname, 1, message, None, None)
+    return logging.getLogger().filter(record) and logging.getLogger(name).isEnabledFor(level)
+
+
+def test_library_chatter_is_dropped_at_its_logger():
+    root, before = logging.getLogger(), logging.getLogger().level
+    root.setLevel(logging.INFO)  # as in an Airflow task
+    try:
+        _check_chatter()
+    finally:
+        root.setLevel(before)
+
+
+def _check_chatter():
+    library_notices()
+    site = "/venv/lib/python3.11/site-packages"
+    # fbgemm_gpu logs on the root logger itself: its INFO is dropped by the file it comes from
+    assert not _root_passes(f"{site}/fbgemm_gpu/__init__.py", logging.INFO,
+                            "Successfully loaded: 'fbgemm_gpu_py.so'")
+    assert not _root_passes(f"{site}/fbgemm_gpu/split_table_batched_embeddings_ops_training.py", logging.INFO,
+                            "[TBE=abc] Contents: {'feature_table_map': [0, 1]}")
+    assert _root_passes(f"{site}/fbgemm_gpu/__init__.py", logging.ERROR, "Could not load the library 'x.so'!")
+    assert _root_passes("/work/lattice/cli/run_cmd.py", logging.INFO, "stage consolidate finished")
+    assert _root_passes(f"{site}/fbgemm_gpux/__init__.py", logging.INFO, "a name that only starts like it")
+    # Great Expectations' closure bookkeeping; its warnings stay
+    ge = "great_expectations._docs_decorators"
+    assert not logging.getLogger(ge).isEnabledFor(logging.INFO)
+    assert logging.getLogger(ge).isEnabledFor(logging.WARNING)
+    assert logging.getLogger("great_expectations.core").isEnabledFor(logging.INFO)
+
+
+def test_installing_twice_adds_one_root_filter():
+    from lattice.quiet import DropLibraryChatter
+
+    library_notices()
+    library_notices()
+    assert sum(isinstance(f, DropLibraryChatter) for f in logging.getLogger().filters) == 1
