@@ -48,9 +48,7 @@ def assets_for(config: PlatformConfig) -> dict[str, Asset]:
 def _task(config_file: str, spec: DagSpec, t: TaskSpec, outlets: list[Asset]):
     @task(task_id=t.task_id, outlets=outlets, doc_md=t.doc)
     def run_stage() -> dict:
-        from airflow.sdk.exceptions import AirflowFailException
-
-        from airflow.sdk.exceptions import AirflowSkipException
+        from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
         from lattice.orchestration.task_runner import DeterministicError, GateRejected, OutsideRange, run_task
         from lattice.quiet import library_notices

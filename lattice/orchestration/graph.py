@@ -44,7 +44,7 @@ class TaskSpec:
     """Keywords always passed (e.g. model="teacher")."""
     config_sets: dict[str, str] = field(default_factory=dict)
     """Run parameter -> config key it sets for this run (like `--set KEY=VALUE`), e.g. the FP8
-    switch of the trigger form -> `fp8.enabled`; a parameter left empty keeps the config's value."""
+    choice of the trigger form -> `fp8.enabled`; a parameter left empty keeps the config's value."""
     switch: tuple[str, str] | None = None
     """(boolean run parameter, stage): run that stage instead when the parameter is true."""
     outlet: AssetKind | None = None
