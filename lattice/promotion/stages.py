@@ -7,7 +7,9 @@ decides; the decision and every reason go to MLflow; on a pass the `champion` al
 
 Before anything is scored, every registered artifact the gate uses is verified file by file
 against what was recorded at registration; a mismatch is a rejection (check
-`artifact_integrity`, naming the files), never a promotion. The record and the move are one
+`artifact_integrity`, naming the files), never a promotion. The challenger is checked twice:
+through this machine's download cache and as stored in the artifact store (what every other
+replica downloads once it is champion). The record and the move are one
 step (`ModelRegistry.record_promotion`): a failure leaves the previous champion and history.
 """
 
@@ -104,6 +106,8 @@ def promote(config: PlatformConfig, paths: Paths, dry_run: bool = False, max_row
     def verified(info, role: str, servable: bool):
         try:
             folder = reg.download(info)  # every file against the manifest recorded at registration
+            if role == "challenger":  # the copy every replica will download once it is champion
+                reg.verify_stored(info)
             return folder, (Predictor.load(folder, version=info) if servable else None)  # the bytes loaded, again
         except ArtifactIntegrityError as exc:
             integrity.append(Reason("artifact_integrity", False, f"{role} v{info.version}: {exc}"))

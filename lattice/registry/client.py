@@ -379,6 +379,34 @@ class ModelRegistry:
             return self._fetch(digest, version.source, version.run_id, what)
         return self._fetch_unmanifested(version, what)
 
+    def verify_stored(self, version: VersionInfo) -> None:
+        """Check the version's copy in the artifact store (what every other replica downloads),
+        not this machine's cache, file by file against its registration: downloaded afresh into
+        a scratch folder that is then removed. Raises ArtifactIntegrityError naming each file."""
+        what = f"{version.name} v{version.version} as stored at {version.source}"
+        digest = version.tags.get(MANIFEST_TAG)
+        with tempfile.TemporaryDirectory(prefix="lattice-verify-") as tmp:
+            tmp = Path(tmp)
+            got = self._download_to(tmp, artifact_uri=version.source)
+            folder = got if got.is_dir() else tmp
+            if digest:
+                self._download_to(tmp / "record", run_id=version.run_id, artifact_path=MANIFEST_FILE)
+                expected = read_manifest(tmp / "record" / MANIFEST_FILE, digest)
+                bad = compare(expected, manifest(folder))
+            else:
+                checksum = version.tags.get("lattice.checksum")
+                if not checksum:
+                    raise ArtifactIntegrityError(what, ["no manifest and no checksum were recorded at registration"])
+                sub = folder / "export" if version.tags.get("lattice.exported") == "true" else folder
+                try:
+                    now = sha256_path(sub)
+                except FileNotFoundError:
+                    now = "missing"
+                bad = [] if now == checksum else [f"{sub.relative_to(folder).as_posix() or 'model'}/: sha256 {now[:16]}… "
+                                                  f"differs from the registered {checksum[:16]}…"]
+        if bad:
+            raise ArtifactIntegrityError(what, bad)
+
     @property
     def _cache(self) -> Path:
         return self.paths.mlflow / "cache"
@@ -482,11 +510,13 @@ class ModelRegistry:
     def set_challenger(self, version: VersionInfo) -> None:
         self.client.set_registered_model_alias(self.base_name, CHALLENGER, str(version.version))
 
-    def promote(self, version: VersionInfo) -> int | None:
+    def promote(self, version: VersionInfo, verify_stored: bool = True) -> int | None:
         """Move `champion` to `version` (one alias write: readers see the old or the new version,
         never neither) and append it to the history, as one step: a failure after the alias
-        moved puts the alias and the history back. Returns the previous champion."""
-        return self._promote(version, None)[0]
+        moved puts the alias and the history back. Returns the previous champion.
+        The stored copy is verified first (`verify_stored`); False forces the move (tests that
+        need a champion the gate would refuse)."""
+        return self._promote(version, None, verify_stored)[0]
 
     def record_promotion(self, version: VersionInfo, decision: dict[str, Any]) -> str:
         """The gate's passing decision and the move, all or nothing: the decision run is written
@@ -496,10 +526,13 @@ class ModelRegistry:
         marks the run rolled_back, and re-raises. Returns the decision run id."""
         return self._promote(version, decision)[1]
 
-    def _promote(self, version: VersionInfo, decision: dict[str, Any] | None) -> tuple[int | None, str | None]:
+    def _promote(self, version: VersionInfo, decision: dict[str, Any] | None,
+                 verify_stored: bool = True) -> tuple[int | None, str | None]:
         from mlflow.exceptions import MlflowException
 
         name, v = self.base_name, str(version.version)
+        if verify_stored:  # every replica downloads the stored copy: it, not the local cache, must match
+            self.verify_stored(version)
         previous = self.by_alias(CHAMPION)
         try:
             old_history = self.client.get_registered_model(name).tags.get(HISTORY_TAG)
@@ -548,6 +581,11 @@ class ModelRegistry:
                 "promote another version instead"
             )
         target = history[-1]
+        try:  # a replica that follows the alias downloads the stored copy: refuse a target that fails
+            self.verify_stored(self.version(target))
+        except ArtifactIntegrityError as exc:
+            raise ArtifactIntegrityError(f"rollback target {exc.what} (the champion stays v{current.version}; "
+                                         f"promote a verified version instead)", exc.problems) from None
         before = {"lattice.rolled_back": current.tags.get("lattice.rolled_back")}
         self._all_or_nothing(f"rollback of {CHAMPION} from v{current.version} to v{target}", [
             ("champion alias", lambda: self.client.set_registered_model_alias(name, CHAMPION, str(target)),

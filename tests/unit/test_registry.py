@@ -342,3 +342,62 @@ def test_a_missing_registry_is_an_error_not_a_new_empty_one(config, tmp_path):
         ModelRegistry(config, paths)
     (tmp_path / "mlflow.db.moved").rename(db)  # restored: the same registry, versions intact
     assert ModelRegistry(config, paths).by_alias(CHALLENGER).version == 1
+
+
+# ---------------------------------------------------------------- issue 37: the stored copy, locks, crashes
+
+
+def test_promote_rejects_a_corrupt_stored_copy_even_with_an_intact_cache(config, tmp_path, monkeypatch):
+    """Finding 1: one byte flipped where the challenger is stored, this machine's cache intact."""
+    import pandas as pd
+
+    import lattice.export.window as window
+    from lattice.promotion.stages import promote
+    from lattice.registry.checksum import ArtifactIntegrityError
+
+    paths = Paths.for_config(config, tmp_path / "wd")
+    _fake_model(paths, "student", 0.81, b"student-1" * 50)
+    register(config, paths, "student")
+    reg = ModelRegistry(config, paths)
+    v1 = reg.version(1)
+    cached = reg.download(v1)
+    _flip(_stored(reg, v1) / "export" / "model.pt", 5)
+    assert reg.download(v1) == cached  # the cache alone would say every file matches
+
+    monkeypatch.setattr(window, "load_window", lambda *a, **k: pd.DataFrame())  # rejected before anything is scored
+    out = promote(config, paths)
+    assert not out["passed"] and out["champion_after"] is None
+    failed = [r for r in out["reasons"] if not r["passed"]]
+    assert [r["check"] for r in failed] == ["artifact_integrity"]
+    assert "challenger v1" in failed[0]["message"] and "export/model.pt" in failed[0]["message"]
+    assert reg.by_alias(CHAMPION) is None and reg.by_alias(CHALLENGER).version == 1
+    # the registry's own move refuses it too (any caller, not only the gate), naming the file
+    with pytest.raises(ArtifactIntegrityError, match="export/model.pt"):
+        reg.record_promotion(v1, _passing())
+    assert reg.by_alias(CHAMPION) is None and reg.champion_history() == []
+
+
+def test_rollback_refuses_a_target_whose_stored_copy_fails(config, tmp_path):
+    """Finding 6: rollback from v2 to v1 with v1's stored copy corrupted (its cache intact)."""
+    from lattice.cli import main
+    from lattice.registry.checksum import ArtifactIntegrityError
+
+    paths = Paths.for_config(config, tmp_path / "wd")
+    reg = ModelRegistry(config, paths)
+    for i in (1, 2):
+        _fake_model(paths, "student", 0.8, f"student-{i}".encode() * 50)
+        register(config, paths, "student")
+        reg.promote(reg.version(i))
+    reg.download(reg.version(1))
+    _flip(_stored(reg, reg.version(1)) / "export" / "model.pt", 7)
+    with pytest.raises(ArtifactIntegrityError, match="export/model.pt") as err:
+        reg.rollback()
+    assert "rollback target" in str(err.value) and "stays v2" in str(err.value)
+    assert reg.by_alias(CHAMPION).version == 2 and reg.champion_history() == [1, 2]
+    assert "lattice.rolled_back" not in reg.version(2).tags
+    import yaml
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
+    assert main(["rollback", str(cfg), "--workdir", str(paths.workdir)]) == 1
+    assert reg.by_alias(CHAMPION).version == 2
