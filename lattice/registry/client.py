@@ -16,6 +16,10 @@ downloaded back and checked before the version exists. The download cache is key
 digest (and the run) and re-verified on every use; a changed file is a miss (downloaded again),
 and a stored copy that does not match is an `ArtifactIntegrityError` naming the files.
 
+Locked or unreadable is never absent: every client call retries a locked SQLite database for a
+bounded time (`lattice.registry.patience`), then fails naming the file and its holders; only
+MLflow's "not found" reads as no model or no alias; a 0-byte or garbage database is an error.
+
 Promotion and rollback are all-or-nothing: the decision run is written (pending) before the
 alias moves, and a failure after the move puts the alias, the history and the tags back.
 """
@@ -38,6 +42,7 @@ from lattice.config import PlatformConfig
 from lattice.paths import Paths
 from lattice.registry.checksum import (MANIFEST_FILE, ArtifactIntegrityError, compare, manifest, manifest_digest,
                                        read_manifest, sha256_path, write_manifest)
+from lattice.registry.patience import LOCK_WAIT_S, PatientClient, RegistryUnavailableError, check_sqlite_file
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +83,9 @@ def _quiet_mlflow() -> None:
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     for name in ("mlflow", "alembic"):
         logging.getLogger(name).setLevel(logging.WARNING)
+    # it logs a traceback for each locked statement that it also raises: PatientClient retries
+    # those and reports the lock once, naming the file
+    logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
 
 
 def flatten(prefix: str, value: Any, out: dict[str, str] | None = None) -> dict[str, str]:
@@ -146,6 +154,7 @@ def _open_local_registry(folder: Path) -> str:
     never had a registry gets a new one; a missing database of an existing one is an error."""
     db = folder / "mlflow.db"
     check_local_registry(folder)
+    check_sqlite_file(db)  # a 0-byte or garbage file is an error, never a new empty registry
     uri = _local_backend(db)
     marker = folder / REGISTRY_MARKER
     if not marker.exists():
@@ -163,8 +172,15 @@ def _profile_tracking_uri(config: PlatformConfig) -> str | None:
     return services(config).mlflow_tracking_uri
 
 
+def _not_found(exc: Exception) -> bool:
+    """MLflow's "no such model / alias" (what may be read as absent), as opposed to a locked,
+    unreadable or unreachable registry (which must never be)."""
+    code = getattr(exc, "error_code", "")
+    return code == "RESOURCE_DOES_NOT_EXIST" or (code == "INVALID_PARAMETER_VALUE" and "not found" in str(exc))
+
+
 class ModelRegistry:
-    def __init__(self, config: PlatformConfig, paths: Paths):
+    def __init__(self, config: PlatformConfig, paths: Paths, lock_wait_s: float = LOCK_WAIT_S):
         _quiet_mlflow()
         from mlflow import MlflowClient
 
@@ -176,11 +192,15 @@ class ModelRegistry:
         if server:
             self.tracking_uri = server
             self._artifact_location = None  # the server decides
+            self.database: Path | None = None
         else:
             self.tracking_uri = _open_local_registry(paths.mlflow)
             self._artifact_location = (paths.mlflow / "artifacts").as_uri()
+            self.database = paths.mlflow / "mlflow.db"
         self.base_name = config.registry.model_name or f"{config.name}_ranker"
-        self.client = MlflowClient(tracking_uri=self.tracking_uri, registry_uri=self.tracking_uri)
+        # every call retries a locked database for a bounded time, then names the file
+        self.client = PatientClient(MlflowClient(tracking_uri=self.tracking_uri, registry_uri=self.tracking_uri),
+                                    self.database, lock_wait_s)
         self._experiment_id: str | None = None
 
     # ------------------------------------------------------------ names
@@ -205,7 +225,9 @@ class ModelRegistry:
 
         try:
             self.client.get_registered_model(name)
-        except MlflowException:
+        except MlflowException as exc:
+            if not _not_found(exc):
+                raise
             self.client.create_registered_model(name, description=f"Lattice {self.config.name}: {name}")
 
     # ------------------------------------------------------------ logging
@@ -349,8 +371,10 @@ class ModelRegistry:
 
         try:
             mv = self.client.get_model_version_by_alias(self.registered_name(model), alias)
-        except MlflowException:
-            return None
+        except MlflowException as exc:
+            if _not_found(exc):  # no such model or alias; a locked or unreadable registry raises
+                return None
+            raise
         return VersionInfo(mv.name, int(mv.version), mv.run_id, mv.source, dict(mv.tags), tuple(mv.aliases))
 
     def latest(self, model: str) -> VersionInfo | None:
@@ -359,8 +383,10 @@ class ModelRegistry:
         name = self.registered_name(model)
         try:
             versions = self.client.search_model_versions(f"name='{name}'")
-        except MlflowException:
-            return None
+        except MlflowException as exc:
+            if _not_found(exc):
+                return None
+            raise
         if not versions:
             return None
         mv = max(versions, key=lambda v: int(v.version))
@@ -503,8 +529,10 @@ class ModelRegistry:
 
         try:
             rm = self.client.get_registered_model(self.base_name)
-        except MlflowException:
-            return []
+        except MlflowException as exc:
+            if _not_found(exc):
+                return []
+            raise
         return [int(v) for v in json.loads(rm.tags.get(HISTORY_TAG, "[]"))]
 
     def set_challenger(self, version: VersionInfo) -> None:
@@ -536,7 +564,9 @@ class ModelRegistry:
         previous = self.by_alias(CHAMPION)
         try:
             old_history = self.client.get_registered_model(name).tags.get(HISTORY_TAG)
-        except MlflowException:
+        except MlflowException as exc:
+            if not _not_found(exc):
+                raise
             old_history = None
         history = [int(x) for x in json.loads(old_history or "[]")]
         if previous is not None and (not history or history[-1] != previous.version):

@@ -401,3 +401,81 @@ def test_rollback_refuses_a_target_whose_stored_copy_fails(config, tmp_path):
     cfg.write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
     assert main(["rollback", str(cfg), "--workdir", str(paths.workdir)]) == 1
     assert reg.by_alias(CHAMPION).version == 2
+
+
+def _hold_exclusive(db: Path, seconds: float):
+    """Another connection holds an exclusive lock on `db` for `seconds` (as a backup or a
+    second promote would); returns the thread once the lock is taken."""
+    import sqlite3
+    import threading
+
+    taken = threading.Event()
+
+    def hold():
+        con = sqlite3.connect(db, isolation_level=None, timeout=0.1)
+        con.execute("BEGIN EXCLUSIVE")
+        taken.set()
+        import time
+
+        time.sleep(seconds)
+        con.execute("ROLLBACK")
+        con.close()
+
+    t = threading.Thread(target=hold, daemon=True)
+    t.start()
+    assert taken.wait(10)
+    return t
+
+
+def test_a_locked_registry_is_waited_for_then_reported_never_read_as_absent(config, tmp_path):
+    """Finding 3: `by_alias` read "database is locked" as "no champion" and the history lost v1."""
+    import time
+
+    from lattice.registry.patience import RegistryUnavailableError
+
+    paths = Paths.for_config(config, tmp_path / "wd")
+    reg = ModelRegistry(config, paths)
+    for i in (1, 2):
+        _fake_model(paths, "student", 0.8, f"student-{i}".encode())
+        register(config, paths, "student")
+    reg.promote(reg.version(1), verify_stored=False)
+    db = paths.mlflow / "mlflow.db"
+
+    # held for about a second: every read waits and returns what is there
+    t = _hold_exclusive(db, 1.0)
+    started = time.monotonic()
+    assert reg.by_alias(CHAMPION).version == 1
+    assert time.monotonic() - started >= 0.5  # it did wait for the lock
+    t.join()
+    t = _hold_exclusive(db, 1.0)
+    assert reg.champion_history() == [1] and reg.latest("student").version == 2
+    t.join()
+
+    # held past the bound: a clear error naming the file, and a promote changes nothing
+    patient = ModelRegistry(config, paths, lock_wait_s=1.0)
+    v2 = reg.version(2)
+    t = _hold_exclusive(db, 3.0)
+    with pytest.raises(RegistryUnavailableError, match="stayed locked") as err:
+        patient.by_alias(CHAMPION)
+    assert str(db) in str(err.value) and "Held open by" in str(err.value)
+    with pytest.raises(RegistryUnavailableError):
+        patient.promote(v2, verify_stored=False)
+    t.join()
+    assert reg.by_alias(CHAMPION).version == 1 and reg.champion_history() == [1]
+    assert reg.promote(reg.version(2), verify_stored=False) == 1 and reg.champion_history() == [1, 2]
+
+
+@pytest.mark.parametrize("content", [b"", b"not a database at all" * 10], ids=["empty", "garbage"])
+def test_an_empty_or_garbage_registry_file_is_an_error_not_a_new_registry(config, tmp_path, content):
+    """Finding 5: a 0-byte mlflow.db grew into a new empty registry ("no champion")."""
+    from lattice.registry.patience import RegistryUnavailableError
+
+    paths = Paths.for_config(config, tmp_path / "wd")
+    _fake_model(paths, "student", 0.81, b"student-1")
+    register(config, paths, "student")
+    db = paths.mlflow / "mlflow.db"
+    db.write_bytes(content)
+    with pytest.raises(RegistryUnavailableError, match="backup") as err:
+        ModelRegistry(config, paths)
+    assert str(db) in str(err.value)
+    assert db.read_bytes() == content  # nothing created in its place
