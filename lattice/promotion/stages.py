@@ -192,4 +192,7 @@ def rollback(config: PlatformConfig, paths: Paths) -> dict[str, Any]:
     reg = ModelRegistry(config, paths)
     frm, to = reg.rollback()
     log.info("rollback: champion v%s -> v%s", frm, to)
-    return {"from_version": frm, "to_version": to, "registered_model": reg.base_name, "reconciled": reg.last_reconciled}
+    out = {"from_version": frm, "to_version": to, "registered_model": reg.base_name}
+    if reg.last_reconciled:  # a crashed move settled first: say so
+        out["reconciled"] = reg.last_reconciled
+    return out
