@@ -44,6 +44,8 @@ def _rollback(args: argparse.Namespace) -> int:
     except (LookupError, ValueError, FileNotFoundError, RuntimeError) as exc:
         print(f"rollback: {exc}", file=sys.stderr)
         return 1
+    if out.get("reconciled"):
+        print(f"first {out['reconciled']}")
     print(f"champion rolled back from v{out['from_version']} to v{out['to_version']}")
     return 0
 

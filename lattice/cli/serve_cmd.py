@@ -26,11 +26,45 @@ def _log_config(level: str) -> dict:
     return cfg
 
 
+def is_loopback(host: str) -> bool:
+    """True when `host` binds only this machine (127.0.0.0/8, ::1, localhost)."""
+    import ipaddress
+
+    if host.strip().lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a host name: it may resolve beyond this machine
+
+
+def exposure_error(host: str, token_env: str | None, insecure: bool) -> str | None:
+    """Why the server must not start: bound beyond loopback with no token, unless the user said
+    `--insecure` (anyone who can reach the port could then score and read model metadata)."""
+    if is_loopback(host) or token_env or insecure:
+        return None
+    return (f"--host {host} listens beyond this machine, and no token is configured: set serving.auth_token_env "
+            "in the config to the name of an environment variable holding a token (clients then send "
+            "Authorization: Bearer <token>), bind --host 127.0.0.1, or pass --insecure to serve without "
+            "authentication on purpose")
+
+
 def _serve(args: argparse.Namespace) -> int:
     from lattice.deploy.profile import ProfileError, services
     from lattice.serving.app import ServingStartupError, _auth_token
 
     config = load_or_exit(args.config)
+    refused = exposure_error(args.host, config.serving.auth_token_env, args.insecure)
+    if refused:
+        print(f"lattice serve: {refused}", file=sys.stderr)
+        return 1
+    if args.insecure and not config.serving.auth_token_env and not is_loopback(args.host):
+        import logging
+
+        logging.getLogger("lattice.serving").warning(
+            "serving on %s WITHOUT authentication (--insecure): anyone who reaches port %s can call /predict",
+            args.host, args.port)
+        print(f"lattice serve: WARNING: --insecure: {args.host}:{args.port} answers without authentication", file=sys.stderr)
     try:
         svc = services(config)
         workers = args.workers or svc.serving_workers
@@ -97,7 +131,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="serve the champion model: POST /predict, GET /healthz, GET /metadata, GET /metrics")
     p.add_argument("config", help="platform config YAML, e.g. configs/demo.yaml")
     p.add_argument("--workdir", default=None, help="work directory (default: the config's workdir)")
-    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to bind (default 127.0.0.1); beyond loopback a token (serving.auth_token_env) or --insecure is required")
+    p.add_argument("--insecure", action="store_true",
+                   help="allow a --host beyond loopback without a token (logged as a warning)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--poll-seconds", type=float, default=2.0, help="how often to check whether the champion alias moved")
     p.add_argument("--torch-threads", type=int, default=1, help="intra-op threads for the model (default 1)")

@@ -7,8 +7,11 @@ decides; the decision and every reason go to MLflow; on a pass the `champion` al
 
 Before anything is scored, every registered artifact the gate uses is verified file by file
 against what was recorded at registration; a mismatch is a rejection (check
-`artifact_integrity`, naming the files), never a promotion. The record and the move are one
-step (`ModelRegistry.record_promotion`): a failure leaves the previous champion and history.
+`artifact_integrity`, naming the files), never a promotion. The challenger is checked twice:
+through this machine's download cache and as stored in the artifact store (what every other
+replica downloads once it is champion). The record and the move are one
+step (`ModelRegistry.record_promotion`): a failure leaves the previous champion and history, and
+a crash mid-move is settled (completed or undone) by the next promote or rollback.
 """
 
 from __future__ import annotations
@@ -85,12 +88,15 @@ def promote(config: PlatformConfig, paths: Paths, dry_run: bool = False, max_row
 
     started = time.perf_counter()
     reg = ModelRegistry(config, paths)
+    with reg.move_lock("promote (settling an interrupted move)"):
+        settled = reg.reconcile()  # a crash mid-move: completed or undone before anything is read
+    first = f"{settled}. " if settled else ""
     challenger = reg.by_alias(CHALLENGER)
     if challenger is None:
-        raise LookupError(f"registered model {reg.base_name!r} has no '{CHALLENGER}' version; run `lattice distill CONFIG` first")
+        raise LookupError(f"{first}registered model {reg.base_name!r} has no '{CHALLENGER}' version; run `lattice distill CONFIG` first")
     champion = reg.by_alias(CHAMPION)
     if champion is not None and champion.version == challenger.version:
-        raise ValueError(f"the challenger v{challenger.version} already is the champion; distill a new student first")
+        raise ValueError(f"{first}the challenger v{challenger.version} already is the champion; distill a new student first")
     from lattice.promotion import next_day
 
     day = next_day.judged_day(challenger.tags)  # windowed: the first day after its training window
@@ -104,6 +110,8 @@ def promote(config: PlatformConfig, paths: Paths, dry_run: bool = False, max_row
     def verified(info, role: str, servable: bool):
         try:
             folder = reg.download(info)  # every file against the manifest recorded at registration
+            if role == "challenger":  # the copy every replica will download once it is champion
+                reg.verify_stored(info)
             return folder, (Predictor.load(folder, version=info) if servable else None)  # the bytes loaded, again
         except ArtifactIntegrityError as exc:
             integrity.append(Reason("artifact_integrity", False, f"{role} v{info.version}: {exc}"))
@@ -184,4 +192,7 @@ def rollback(config: PlatformConfig, paths: Paths) -> dict[str, Any]:
     reg = ModelRegistry(config, paths)
     frm, to = reg.rollback()
     log.info("rollback: champion v%s -> v%s", frm, to)
-    return {"from_version": frm, "to_version": to, "registered_model": reg.base_name}
+    out = {"from_version": frm, "to_version": to, "registered_model": reg.base_name}
+    if reg.last_reconciled:  # a crashed move settled first: say so
+        out["reconciled"] = reg.last_reconciled
+    return out

@@ -16,6 +16,10 @@ downloaded back and checked before the version exists. The download cache is key
 digest (and the run) and re-verified on every use; a changed file is a miss (downloaded again),
 and a stored copy that does not match is an `ArtifactIntegrityError` naming the files.
 
+Locked or unreadable is never absent: every client call retries a locked SQLite database for a
+bounded time (`lattice.registry.patience`), then fails naming the file and its holders; only
+MLflow's "not found" reads as no model or no alias; a 0-byte or garbage database is an error.
+
 Promotion and rollback are all-or-nothing: the decision run is written (pending) before the
 alias moves, and a failure after the move puts the alias, the history and the tags back.
 """
@@ -32,12 +36,14 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
 
 from lattice.config import PlatformConfig
 from lattice.paths import Paths
 from lattice.registry.checksum import (MANIFEST_FILE, ArtifactIntegrityError, compare, manifest, manifest_digest,
                                        read_manifest, sha256_path, write_manifest)
+from lattice.registry.patience import LOCK_WAIT_S, PatientClient, RegistryUnavailableError, check_sqlite_file
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +55,11 @@ MANIFEST_TAG = "lattice.manifest"
 """sha256 of the registered folder's manifest (run and version tag): its content key."""
 PROMOTION_STATUS_TAG = "lattice.promotion.status"
 """On a promotion's decision run: pending (alias not yet moved) -> done, or rolled_back."""
+INTENT_TAG = "lattice.promotion.intent"
+"""On the registered model while a promotion or rollback is under way: what it moves from and to,
+so that the next one completes or undoes it after a crash (see `ModelRegistry.reconcile`)."""
+MOVE_LOCK_FILE = "promotion.lock"
+MOVE_LOCK_WAIT_S = 60.0
 GATE_TAGS = ("lattice.gate.decision", "lattice.gate.run_id", "lattice.gate.failed")
 REGISTRY_MARKER = "registry.json"
 """Written beside mlflow.db when the local registry is created: once it exists, a missing
@@ -78,6 +89,9 @@ def _quiet_mlflow() -> None:
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     for name in ("mlflow", "alembic"):
         logging.getLogger(name).setLevel(logging.WARNING)
+    # it logs a traceback for each locked statement that it also raises: PatientClient retries
+    # those and reports the lock once, naming the file
+    logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
 
 
 def flatten(prefix: str, value: Any, out: dict[str, str] | None = None) -> dict[str, str]:
@@ -146,6 +160,7 @@ def _open_local_registry(folder: Path) -> str:
     never had a registry gets a new one; a missing database of an existing one is an error."""
     db = folder / "mlflow.db"
     check_local_registry(folder)
+    check_sqlite_file(db)  # a 0-byte or garbage file is an error, never a new empty registry
     uri = _local_backend(db)
     marker = folder / REGISTRY_MARKER
     if not marker.exists():
@@ -163,8 +178,15 @@ def _profile_tracking_uri(config: PlatformConfig) -> str | None:
     return services(config).mlflow_tracking_uri
 
 
+def _not_found(exc: Exception) -> bool:
+    """MLflow's "no such model / alias" (what may be read as absent), as opposed to a locked,
+    unreadable or unreachable registry (which must never be)."""
+    code = getattr(exc, "error_code", "")
+    return code == "RESOURCE_DOES_NOT_EXIST" or (code == "INVALID_PARAMETER_VALUE" and "not found" in str(exc))
+
+
 class ModelRegistry:
-    def __init__(self, config: PlatformConfig, paths: Paths):
+    def __init__(self, config: PlatformConfig, paths: Paths, lock_wait_s: float = LOCK_WAIT_S):
         _quiet_mlflow()
         from mlflow import MlflowClient
 
@@ -176,12 +198,18 @@ class ModelRegistry:
         if server:
             self.tracking_uri = server
             self._artifact_location = None  # the server decides
+            self.database: Path | None = None
         else:
             self.tracking_uri = _open_local_registry(paths.mlflow)
             self._artifact_location = (paths.mlflow / "artifacts").as_uri()
+            self.database = paths.mlflow / "mlflow.db"
         self.base_name = config.registry.model_name or f"{config.name}_ranker"
-        self.client = MlflowClient(tracking_uri=self.tracking_uri, registry_uri=self.tracking_uri)
+        # every call retries a locked database for a bounded time, then names the file
+        self.client = PatientClient(MlflowClient(tracking_uri=self.tracking_uri, registry_uri=self.tracking_uri),
+                                    self.database, lock_wait_s)
         self._experiment_id: str | None = None
+        self.move_lock_wait_s = MOVE_LOCK_WAIT_S
+        self.last_reconciled: str | None = None
 
     # ------------------------------------------------------------ names
     def registered_name(self, model: str) -> str:
@@ -205,7 +233,9 @@ class ModelRegistry:
 
         try:
             self.client.get_registered_model(name)
-        except MlflowException:
+        except MlflowException as exc:
+            if not _not_found(exc):
+                raise
             self.client.create_registered_model(name, description=f"Lattice {self.config.name}: {name}")
 
     # ------------------------------------------------------------ logging
@@ -349,8 +379,10 @@ class ModelRegistry:
 
         try:
             mv = self.client.get_model_version_by_alias(self.registered_name(model), alias)
-        except MlflowException:
-            return None
+        except MlflowException as exc:
+            if _not_found(exc):  # no such model or alias; a locked or unreadable registry raises
+                return None
+            raise
         return VersionInfo(mv.name, int(mv.version), mv.run_id, mv.source, dict(mv.tags), tuple(mv.aliases))
 
     def latest(self, model: str) -> VersionInfo | None:
@@ -359,8 +391,10 @@ class ModelRegistry:
         name = self.registered_name(model)
         try:
             versions = self.client.search_model_versions(f"name='{name}'")
-        except MlflowException:
-            return None
+        except MlflowException as exc:
+            if _not_found(exc):
+                return None
+            raise
         if not versions:
             return None
         mv = max(versions, key=lambda v: int(v.version))
@@ -378,6 +412,34 @@ class ModelRegistry:
         if digest:
             return self._fetch(digest, version.source, version.run_id, what)
         return self._fetch_unmanifested(version, what)
+
+    def verify_stored(self, version: VersionInfo) -> None:
+        """Check the version's copy in the artifact store (what every other replica downloads),
+        not this machine's cache, file by file against its registration: downloaded afresh into
+        a scratch folder that is then removed. Raises ArtifactIntegrityError naming each file."""
+        what = f"{version.name} v{version.version} as stored at {version.source}"
+        digest = version.tags.get(MANIFEST_TAG)
+        with tempfile.TemporaryDirectory(prefix="lattice-verify-") as tmp:
+            tmp = Path(tmp)
+            got = self._download_to(tmp, artifact_uri=version.source)
+            folder = got if got.is_dir() else tmp
+            if digest:
+                self._download_to(tmp / "record", run_id=version.run_id, artifact_path=MANIFEST_FILE)
+                expected = read_manifest(tmp / "record" / MANIFEST_FILE, digest)
+                bad = compare(expected, manifest(folder))
+            else:
+                checksum = version.tags.get("lattice.checksum")
+                if not checksum:
+                    raise ArtifactIntegrityError(what, ["no manifest and no checksum were recorded at registration"])
+                sub = folder / "export" if version.tags.get("lattice.exported") == "true" else folder
+                try:
+                    now = sha256_path(sub)
+                except FileNotFoundError:
+                    now = "missing"
+                bad = [] if now == checksum else [f"{sub.relative_to(folder).as_posix() or 'model'}/: sha256 {now[:16]}… "
+                                                  f"differs from the registered {checksum[:16]}…"]
+        if bad:
+            raise ArtifactIntegrityError(what, bad)
 
     @property
     def _cache(self) -> Path:
@@ -475,18 +537,22 @@ class ModelRegistry:
 
         try:
             rm = self.client.get_registered_model(self.base_name)
-        except MlflowException:
-            return []
+        except MlflowException as exc:
+            if _not_found(exc):
+                return []
+            raise
         return [int(v) for v in json.loads(rm.tags.get(HISTORY_TAG, "[]"))]
 
     def set_challenger(self, version: VersionInfo) -> None:
         self.client.set_registered_model_alias(self.base_name, CHALLENGER, str(version.version))
 
-    def promote(self, version: VersionInfo) -> int | None:
+    def promote(self, version: VersionInfo, verify_stored: bool = True) -> int | None:
         """Move `champion` to `version` (one alias write: readers see the old or the new version,
         never neither) and append it to the history, as one step: a failure after the alias
-        moved puts the alias and the history back. Returns the previous champion."""
-        return self._promote(version, None)[0]
+        moved puts the alias and the history back. Returns the previous champion.
+        The stored copy is verified first (`verify_stored`); False forces the move (tests that
+        need a champion the gate would refuse)."""
+        return self._promote(version, None, verify_stored)[0]
 
     def record_promotion(self, version: VersionInfo, decision: dict[str, Any]) -> str:
         """The gate's passing decision and the move, all or nothing: the decision run is written
@@ -496,14 +562,30 @@ class ModelRegistry:
         marks the run rolled_back, and re-raises. Returns the decision run id."""
         return self._promote(version, decision)[1]
 
-    def _promote(self, version: VersionInfo, decision: dict[str, Any] | None) -> tuple[int | None, str | None]:
+    def _promote(self, version: VersionInfo, decision: dict[str, Any] | None,
+                 verify_stored: bool = True) -> tuple[int | None, str | None]:
+        with self.move_lock(f"promotion of v{version.version}"):
+            self.reconcile()
+            return self._promote_locked(version, decision, verify_stored)
+
+    def _promote_locked(self, version: VersionInfo, decision: dict[str, Any] | None,
+                        verify_stored: bool) -> tuple[int | None, str | None]:
         from mlflow.exceptions import MlflowException
 
         name, v = self.base_name, str(version.version)
         previous = self.by_alias(CHAMPION)
+        if decision is not None and "champion_before" in decision:
+            was = previous.version if previous else None
+            if was != decision["champion_before"]:  # another promote or rollback moved it during the gate
+                raise RuntimeError(f"the champion changed from {decision['champion_before']} to {was} while challenger "
+                                   f"v{v} was gated; run `lattice promote` again to gate it against the new champion")
+        if verify_stored:  # every replica downloads the stored copy: it, not the local cache, must match
+            self.verify_stored(version)
         try:
             old_history = self.client.get_registered_model(name).tags.get(HISTORY_TAG)
-        except MlflowException:
+        except MlflowException as exc:
+            if not _not_found(exc):
+                raise
             old_history = None
         history = [int(x) for x in json.loads(old_history or "[]")]
         if previous is not None and (not history or history[-1] != previous.version):
@@ -511,22 +593,28 @@ class ModelRegistry:
         history.append(version.version)
         challenger = self.by_alias(CHALLENGER)
         rid = self._open_decision(version, decision, status="pending") if decision is not None else None
+        intent = {"kind": "promotion", "target": version.version, "previous": previous.version if previous else None,
+                  "history_before": old_history, "history_after": history, "run_id": rid,
+                  "clear_challenger": challenger is not None and challenger.version == version.version,
+                  "gate_tags": self._gate_tags(rid, decision) if rid is not None else None}
 
         steps: list[tuple[str, Callable[[], Any], Callable[[], Any]]] = []
+        steps.append(("intent record", lambda: self._write_intent(intent), lambda: self._clear_intent()))
         if rid is not None:
             steps.append(("decision run", lambda: None, lambda: self._abandon(rid)))
         steps.append(("champion alias", lambda: self.client.set_registered_model_alias(name, CHAMPION, v),
                       lambda: self._set_alias(CHAMPION, previous.version if previous else None)))
         steps.append(("champion history", lambda: self.client.set_registered_model_tag(name, HISTORY_TAG, json.dumps(history)),
                       lambda: self._restore_model_tag(HISTORY_TAG, old_history)))
-        if challenger is not None and challenger.version == version.version:
+        if intent["clear_challenger"]:
             steps.append(("challenger alias", lambda: self.client.delete_registered_model_alias(name, CHALLENGER),
                           lambda: self._set_alias(CHALLENGER, version.version)))
         if rid is not None:
             now = self.client.get_model_version(version.name, v).tags  # fresh: a dry run may have tagged it since
             before = {k: now.get(k) for k in GATE_TAGS}
-            steps.append(("decision record", lambda: self._close_decision(rid, version, decision, status="done"),
+            steps.append(("decision record", lambda: self._finish_decision(rid, version.version, intent["gate_tags"]),
                           lambda: self._restore_version_tags(version, before)))
+        steps.append(("intent done", lambda: self._clear_intent(), lambda: None))
         self._all_or_nothing(f"promotion of v{v} to {CHAMPION}", steps)
         log.info("promoted %s v%s to %s (was %s)", name, v, CHAMPION, f"v{previous.version}" if previous else "none")
         return (previous.version if previous else None), rid
@@ -534,6 +622,11 @@ class ModelRegistry:
     def rollback(self) -> tuple[int, int]:
         """Return `champion` to the previous champion, as one step (a failure after the alias
         moved puts it back). Returns (from_version, to_version)."""
+        with self.move_lock("rollback"):
+            self.reconcile()
+            return self._rollback_locked()
+
+    def _rollback_locked(self) -> tuple[int, int]:
         current = self.by_alias(CHAMPION)
         if current is None:
             raise RuntimeError(f"registered model {self.base_name!r} has no champion; nothing to roll back")
@@ -548,16 +641,124 @@ class ModelRegistry:
                 "promote another version instead"
             )
         target = history[-1]
+        try:  # a replica that follows the alias downloads the stored copy: refuse a target that fails
+            self.verify_stored(self.version(target))
+        except ArtifactIntegrityError as exc:
+            raise ArtifactIntegrityError(f"rollback target {exc.what} (the champion stays v{current.version}; "
+                                         f"promote a verified version instead)", exc.problems) from None
         before = {"lattice.rolled_back": current.tags.get("lattice.rolled_back")}
+        intent = {"kind": "rollback", "target": target, "previous": current.version, "history_before": old_history,
+                  "history_after": history, "run_id": None}
         self._all_or_nothing(f"rollback of {CHAMPION} from v{current.version} to v{target}", [
+            ("intent record", lambda: self._write_intent(intent), lambda: self._clear_intent()),
             ("champion alias", lambda: self.client.set_registered_model_alias(name, CHAMPION, str(target)),
              lambda: self._set_alias(CHAMPION, current.version)),
             ("champion history", lambda: self.client.set_registered_model_tag(name, HISTORY_TAG, json.dumps(history)),
              lambda: self._restore_model_tag(HISTORY_TAG, old_history)),
             ("rolled_back tag", lambda: self.client.set_model_version_tag(name, str(current.version), "lattice.rolled_back", "true"),
              lambda: self._restore_version_tags(current, before)),
+            ("intent done", lambda: self._clear_intent(), lambda: None),
         ])
         return current.version, target
+
+    # ------------------------------------------------------------ crash safety
+    @contextmanager
+    def move_lock(self, what: str) -> Iterator[None]:
+        """One promote or rollback at a time on this registry: a file lock beside it (released by
+        the kernel when its holder dies, so a crash leaves no stale lock). A second one waits up
+        to `move_lock_wait_s`, then reports who holds it."""
+        import fcntl
+
+        self.paths.mlflow.mkdir(parents=True, exist_ok=True)
+        path = self.paths.mlflow / MOVE_LOCK_FILE
+        with path.open("a+") as fh:
+            deadline = time.monotonic() + self.move_lock_wait_s
+            while True:
+                try:
+                    fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() >= deadline:
+                        fh.seek(0)
+                        holder = fh.read().strip() or "unknown"
+                        raise RuntimeError(f"{what}: another promote or rollback holds {path} ({holder}); waited "
+                                           f"{self.move_lock_wait_s:.0f} s. Run it again once that one has finished.") from None
+                    time.sleep(0.2)
+            try:
+                fh.seek(0)
+                fh.truncate()
+                fh.write(f"pid {os.getpid()}, {what}, since {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}")
+                fh.flush()
+                yield
+            finally:
+                fh.seek(0)
+                fh.truncate()
+                fh.flush()
+                fcntl.flock(fh, fcntl.LOCK_UN)
+
+    def _write_intent(self, intent: dict[str, Any]) -> None:
+        self.client.set_registered_model_tag(self.base_name, INTENT_TAG, json.dumps(intent))
+
+    def _clear_intent(self) -> None:
+        self._restore_model_tag(INTENT_TAG, None)
+
+    @staticmethod
+    def _gate_tags(rid: str, decision: dict[str, Any]) -> dict[str, str]:
+        failed = [r["message"] for r in decision["reasons"] if not r["passed"]]
+        return {"lattice.gate.decision": decision["decision"], "lattice.gate.run_id": rid,
+                "lattice.gate.failed": json.dumps(failed)[:4900]}
+
+    def _finish_decision(self, rid: str, version: int, gate_tags: dict[str, str]) -> None:
+        for k, val in gate_tags.items():
+            self.client.set_model_version_tag(self.base_name, str(version), k, val)
+        self.client.set_tag(rid, PROMOTION_STATUS_TAG, "done")
+        self.client.set_terminated(rid, "FINISHED")
+
+    def reconcile(self) -> str | None:
+        """Settle a promotion or rollback that a crash interrupted (its intent record is still on
+        the registered model): completed when the champion alias already names its target (the
+        alias is the commit point), else undone. Decision runs left pending are marked
+        rolled_back. Called under `move_lock` by every promote and rollback; returns what it did."""
+        from mlflow.exceptions import MlflowException
+
+        try:
+            raw = self.client.get_registered_model(self.base_name).tags.get(INTENT_TAG)
+        except MlflowException as exc:
+            if not _not_found(exc):
+                raise
+            return None
+        note = None
+        if raw:
+            intent = json.loads(raw)
+            champ = self.by_alias(CHAMPION)
+            at = champ.version if champ else None
+            kind, target, prev = intent["kind"], intent["target"], intent["previous"]
+            if at == target:
+                self.client.set_registered_model_tag(self.base_name, HISTORY_TAG, json.dumps(intent["history_after"]))
+                if kind == "promotion":
+                    ch = self.by_alias(CHALLENGER)
+                    if intent.get("clear_challenger") and ch is not None and ch.version == target:
+                        self.client.delete_registered_model_alias(self.base_name, CHALLENGER)
+                    if intent.get("run_id"):
+                        self._finish_decision(intent["run_id"], target, intent["gate_tags"])
+                else:
+                    self.client.set_model_version_tag(self.base_name, str(prev), "lattice.rolled_back", "true")
+                note = f"completed the interrupted {kind} of {CHAMPION} from {prev} to v{target}"
+            elif at == prev:
+                self._restore_model_tag(HISTORY_TAG, intent["history_before"])
+                if intent.get("run_id"):
+                    self._abandon(intent["run_id"])
+                note = f"undid the interrupted {kind} of {CHAMPION} from {prev} to v{target} (the alias had not moved)"
+            else:
+                raise RuntimeError(
+                    f"an interrupted {kind} of {CHAMPION} from {prev} to v{target} was found, but {CHAMPION} is {at}: "
+                    f"set the alias and the {HISTORY_TAG} tag of {self.base_name!r} by hand, then delete its {INTENT_TAG} tag")
+            self._clear_intent()
+            log.warning("registry: %s", note)
+        for run in self.client.search_runs([self.experiment_id], f"tags.`{PROMOTION_STATUS_TAG}` = 'pending'"):
+            self._abandon(run.info.run_id)  # opened by a promotion that crashed before its intent was written
+        self.last_reconciled = note
+        return note
 
     # ------------------------------------------------------------ all or nothing
     def _all_or_nothing(self, what: str, steps: list[tuple[str, Callable[[], Any], Callable[[], Any]]]) -> None:

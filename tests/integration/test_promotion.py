@@ -208,7 +208,7 @@ def test_a_flipped_byte_is_rejected_at_the_gate_and_refused_by_serving(tmp_path)
     slot = ModelSlot(lambda: reg.by_alias(CHAMPION).version, load)
     assert slot.refresh() and slot.current.version == v1
     assert slot.current.model.checksum == reg.version(v1).tags["lattice.checksum"]
-    reg.promote(info2)
+    reg.promote(info2, verify_stored=False)  # forced past every check
     assert not slot.refresh()
     assert slot.current.version == v1
     assert f"refused version {v2}" in slot.last_error and "export/model.pt" in slot.last_error
@@ -232,7 +232,8 @@ def test_a_lock_after_the_alias_write_leaves_champion_and_history_consistent(tmp
     assert promote(config, paths)["passed"]
     v2 = register(config, paths, "student")["version"]
 
-    # the database locks right after the champion alias write: the history write fails, once
+    # the history write right after the champion alias write fails, once (not with a lock: a
+    # locked database is waited for and retried, see lattice.registry.patience)
     state = {"moved": False, "raised": False}
     set_alias, set_tag = MlflowClient.set_registered_model_alias, MlflowClient.set_registered_model_tag
 
@@ -244,13 +245,13 @@ def test_a_lock_after_the_alias_write_leaves_champion_and_history_consistent(tmp
     def tag(self, name, key, value):
         if state["moved"] and not state["raised"] and key == HISTORY_TAG:
             state["raised"] = True
-            raise MlflowException("(sqlite3.OperationalError) database is locked")
+            raise MlflowException("(sqlite3.OperationalError) disk I/O error")
         set_tag(self, name, key, value)
 
     monkeypatch.setattr(MlflowClient, "set_registered_model_alias", alias)
     monkeypatch.setattr(MlflowClient, "set_registered_model_tag", tag)
-    with pytest.raises(MlflowException, match="database is locked"):
-        main(["promote", _cli_config(config, paths), "--workdir", str(paths.workdir)])  # exits 1
+    with pytest.raises(MlflowException, match="disk I/O error"):
+        main(["promote", _cli_config(config, paths), "--workdir", str(paths.workdir)])
     assert state["raised"]
     assert reg.by_alias(CHAMPION).version == v1 and reg.champion_history() == [v1]
     assert reg.by_alias(CHALLENGER).version == v2

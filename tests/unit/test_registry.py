@@ -342,3 +342,261 @@ def test_a_missing_registry_is_an_error_not_a_new_empty_one(config, tmp_path):
         ModelRegistry(config, paths)
     (tmp_path / "mlflow.db.moved").rename(db)  # restored: the same registry, versions intact
     assert ModelRegistry(config, paths).by_alias(CHALLENGER).version == 1
+
+
+# ---------------------------------------------------------------- issue 37: the stored copy, locks, crashes
+
+
+def test_promote_rejects_a_corrupt_stored_copy_even_with_an_intact_cache(config, tmp_path, monkeypatch):
+    """Finding 1: one byte flipped where the challenger is stored, this machine's cache intact."""
+    import pandas as pd
+
+    import lattice.export.window as window
+    from lattice.promotion.stages import promote
+    from lattice.registry.checksum import ArtifactIntegrityError
+
+    paths = Paths.for_config(config, tmp_path / "wd")
+    _fake_model(paths, "student", 0.81, b"student-1" * 50)
+    register(config, paths, "student")
+    reg = ModelRegistry(config, paths)
+    v1 = reg.version(1)
+    cached = reg.download(v1)
+    _flip(_stored(reg, v1) / "export" / "model.pt", 5)
+    assert reg.download(v1) == cached  # the cache alone would say every file matches
+
+    monkeypatch.setattr(window, "load_window", lambda *a, **k: pd.DataFrame())  # rejected before anything is scored
+    out = promote(config, paths)
+    assert not out["passed"] and out["champion_after"] is None
+    failed = [r for r in out["reasons"] if not r["passed"]]
+    assert [r["check"] for r in failed] == ["artifact_integrity"]
+    assert "challenger v1" in failed[0]["message"] and "export/model.pt" in failed[0]["message"]
+    assert reg.by_alias(CHAMPION) is None and reg.by_alias(CHALLENGER).version == 1
+    # the registry's own move refuses it too (any caller, not only the gate), naming the file
+    with pytest.raises(ArtifactIntegrityError, match="export/model.pt"):
+        reg.record_promotion(v1, _passing())
+    assert reg.by_alias(CHAMPION) is None and reg.champion_history() == []
+
+
+def test_rollback_refuses_a_target_whose_stored_copy_fails(config, tmp_path):
+    """Finding 6: rollback from v2 to v1 with v1's stored copy corrupted (its cache intact)."""
+    from lattice.cli import main
+    from lattice.registry.checksum import ArtifactIntegrityError
+
+    paths = Paths.for_config(config, tmp_path / "wd")
+    reg = ModelRegistry(config, paths)
+    for i in (1, 2):
+        _fake_model(paths, "student", 0.8, f"student-{i}".encode() * 50)
+        register(config, paths, "student")
+        reg.promote(reg.version(i))
+    reg.download(reg.version(1))
+    _flip(_stored(reg, reg.version(1)) / "export" / "model.pt", 7)
+    with pytest.raises(ArtifactIntegrityError, match="export/model.pt") as err:
+        reg.rollback()
+    assert "rollback target" in str(err.value) and "stays v2" in str(err.value)
+    assert reg.by_alias(CHAMPION).version == 2 and reg.champion_history() == [1, 2]
+    assert "lattice.rolled_back" not in reg.version(2).tags
+    import yaml
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
+    assert main(["rollback", str(cfg), "--workdir", str(paths.workdir)]) == 1
+    assert reg.by_alias(CHAMPION).version == 2
+
+
+def _hold_exclusive(db: Path, seconds: float):
+    """Another connection holds an exclusive lock on `db` for `seconds` (as a backup or a
+    second promote would); returns the thread once the lock is taken."""
+    import sqlite3
+    import threading
+
+    taken = threading.Event()
+
+    def hold():
+        con = sqlite3.connect(db, isolation_level=None, timeout=0.1)
+        con.execute("BEGIN EXCLUSIVE")
+        taken.set()
+        import time
+
+        time.sleep(seconds)
+        con.execute("ROLLBACK")
+        con.close()
+
+    t = threading.Thread(target=hold, daemon=True)
+    t.start()
+    assert taken.wait(10)
+    return t
+
+
+def test_a_locked_registry_is_waited_for_then_reported_never_read_as_absent(config, tmp_path):
+    """Finding 3: `by_alias` read "database is locked" as "no champion" and the history lost v1."""
+    import time
+
+    from lattice.registry.patience import RegistryUnavailableError
+
+    paths = Paths.for_config(config, tmp_path / "wd")
+    reg = ModelRegistry(config, paths)
+    for i in (1, 2):
+        _fake_model(paths, "student", 0.8, f"student-{i}".encode())
+        register(config, paths, "student")
+    reg.promote(reg.version(1), verify_stored=False)
+    db = paths.mlflow / "mlflow.db"
+
+    # held for about a second: every read waits and returns what is there
+    t = _hold_exclusive(db, 1.0)
+    started = time.monotonic()
+    assert reg.by_alias(CHAMPION).version == 1
+    assert time.monotonic() - started >= 0.5  # it did wait for the lock
+    t.join()
+    t = _hold_exclusive(db, 1.0)
+    assert reg.champion_history() == [1] and reg.latest("student").version == 2
+    t.join()
+
+    # held past the bound: a clear error naming the file, and a promote changes nothing
+    patient = ModelRegistry(config, paths, lock_wait_s=1.0)
+    v2 = reg.version(2)
+    t = _hold_exclusive(db, 3.0)
+    with pytest.raises(RegistryUnavailableError, match="stayed locked") as err:
+        patient.by_alias(CHAMPION)
+    assert str(db) in str(err.value) and "Held open by" in str(err.value)
+    with pytest.raises(RegistryUnavailableError):
+        patient.promote(v2, verify_stored=False)
+    t.join()
+    assert reg.by_alias(CHAMPION).version == 1 and reg.champion_history() == [1]
+    assert reg.promote(reg.version(2), verify_stored=False) == 1 and reg.champion_history() == [1, 2]
+
+
+@pytest.mark.parametrize("content", [b"", b"not a database at all" * 10], ids=["empty", "garbage"])
+def test_an_empty_or_garbage_registry_file_is_an_error_not_a_new_registry(config, tmp_path, content):
+    """Finding 5: a 0-byte mlflow.db grew into a new empty registry ("no champion")."""
+    from lattice.registry.patience import RegistryUnavailableError
+
+    paths = Paths.for_config(config, tmp_path / "wd")
+    _fake_model(paths, "student", 0.81, b"student-1")
+    register(config, paths, "student")
+    db = paths.mlflow / "mlflow.db"
+    db.write_bytes(content)
+    with pytest.raises(RegistryUnavailableError, match="backup") as err:
+        ModelRegistry(config, paths)
+    assert str(db) in str(err.value)
+    assert db.read_bytes() == content  # nothing created in its place
+
+
+class _Crash(BaseException):
+    """Stands in for SIGKILL: the process stops between two registry writes, and nothing undoes."""
+
+
+def _crash_after(reg: ModelRegistry, monkeypatch, done: int) -> None:
+    """The next promotion or rollback runs its first `done` writes, then dies (no undo runs)."""
+
+    def steps_then_die(what, steps):
+        for _label, do, _undo in steps[:done]:
+            do()
+        raise _Crash(f"killed after {done} of {len(steps)} steps of {what}")
+
+    monkeypatch.setattr(reg, "_all_or_nothing", steps_then_die)
+
+
+def _pending_runs(reg: ModelRegistry) -> list:
+    return reg.client.search_runs([reg.experiment_id], "tags.`lattice.promotion.status` = 'pending'")
+
+
+def test_a_crash_at_any_step_of_promote_or_rollback_is_settled_by_the_next_one(config, tmp_path, monkeypatch):
+    """Finding 2: killed right after the alias moved, the registry said champion v2, history [1],
+    challenger v2, a decision stuck pending, and the next promote 'v2 already is the champion'."""
+    import pandas as pd
+
+    import lattice.export.window as window
+    from lattice.promotion.stages import promote
+    from lattice.registry.client import INTENT_TAG, PROMOTION_STATUS_TAG
+
+    paths = Paths.for_config(config, tmp_path / "wd")
+    reg = ModelRegistry(config, paths)
+    for i in (1, 2):
+        _fake_model(paths, "student", 0.8, f"student-{i}".encode())
+        register(config, paths, "student")
+    reg.record_promotion(reg.version(1), _passing())
+    reg.set_challenger(reg.version(2))
+    # intent, decision run, alias, history, challenger alias, decision record, intent done
+    steps = 7
+    for done in range(steps):
+        with monkeypatch.context() as m:
+            _crash_after(reg, m, done)
+            with pytest.raises(_Crash):
+                reg.record_promotion(reg.version(2), {**_passing(), "champion_before": 1})
+        moved = done >= 3  # the alias write is the third step: the commit point
+        with reg.move_lock("test"):
+            note = reg.reconcile()
+        assert INTENT_TAG not in reg.client.get_registered_model(reg.base_name).tags and not _pending_runs(reg), done
+        runs = reg.client.search_runs([reg.experiment_id], "tags.`lattice.model` = 'promotion'", order_by=["start_time DESC"])
+        if moved:
+            assert "completed the interrupted promotion" in note, done
+            assert reg.by_alias(CHAMPION).version == 2 and reg.champion_history() == [1, 2], done
+            assert reg.by_alias(CHALLENGER) is None, done
+            assert runs[0].data.tags[PROMOTION_STATUS_TAG] == "done" and runs[0].info.status == "FINISHED", done
+            assert reg.version(2).tags["lattice.gate.run_id"] == runs[0].info.run_id, done
+            # back to the starting state for the next crash point (a rollback, then v2 as challenger)
+            assert reg.rollback() == (2, 1)
+            reg.client.delete_model_version_tag(reg.base_name, "2", "lattice.rolled_back")
+            reg.set_challenger(reg.version(2))
+        else:
+            assert note is None if done == 0 else "undid the interrupted promotion" in note, done
+            assert reg.by_alias(CHAMPION).version == 1 and reg.champion_history() == [1], done
+            assert reg.by_alias(CHALLENGER).version == 2, done
+            assert runs[0].data.tags[PROMOTION_STATUS_TAG] == "rolled_back" and runs[0].info.status == "FAILED", done
+
+    # finding 2 end to end: killed right after the alias moved, then `lattice promote` again
+    with monkeypatch.context() as m:
+        _crash_after(reg, m, 3)
+        with pytest.raises(_Crash):
+            reg.record_promotion(reg.version(2), {**_passing(), "champion_before": 1})
+    assert reg.champion_history() == [1]  # torn, as the finding saw it
+    monkeypatch.setattr(window, "load_window", lambda *a, **k: pd.DataFrame())
+    with pytest.raises(LookupError, match=r"completed the interrupted promotion .* no 'challenger' version"):
+        promote(config, paths)
+    assert reg.by_alias(CHAMPION).version == 2 and reg.champion_history() == [1, 2]
+
+    # rollback: intent, alias, history, rolled_back tag, intent done
+    for done in range(5):
+        with monkeypatch.context() as m:
+            _crash_after(reg, m, done)
+            with pytest.raises(_Crash):
+                reg.rollback()
+        with reg.move_lock("test"):
+            reg.reconcile()
+        if done >= 2:
+            assert reg.by_alias(CHAMPION).version == 1 and reg.champion_history() == [1], done
+            assert reg.version(2).tags["lattice.rolled_back"] == "true", done
+            reg.promote(reg.version(2))
+            reg.client.delete_model_version_tag(reg.base_name, "2", "lattice.rolled_back")
+        else:
+            assert reg.by_alias(CHAMPION).version == 2 and reg.champion_history() == [1, 2], done
+            assert "lattice.rolled_back" not in reg.version(2).tags, done
+
+
+def test_a_second_promote_waits_for_the_first_then_reports_the_holder(config, tmp_path):
+    import threading
+    import time
+
+    paths = Paths.for_config(config, tmp_path / "wd")
+    _fake_model(paths, "student", 0.8, b"student-1")
+    register(config, paths, "student")
+    first, second = ModelRegistry(config, paths), ModelRegistry(config, paths)
+    second.move_lock_wait_s = 0.5
+    held, release = threading.Event(), threading.Event()
+
+    def hold():
+        with first.move_lock("promotion of v9"):
+            held.set()
+            release.wait(10)
+
+    t = threading.Thread(target=hold, daemon=True)
+    t.start()
+    assert held.wait(5)
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"another promote or rollback holds .*promotion.lock .*promotion of v9"):
+        second.promote(second.version(1), verify_stored=False)
+    assert time.monotonic() - started >= 0.5 and second.by_alias(CHAMPION) is None
+    release.set()
+    t.join()
+    second.move_lock_wait_s = 5.0
+    assert second.promote(second.version(1)) is None and second.by_alias(CHAMPION).version == 1
