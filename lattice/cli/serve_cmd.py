@@ -107,10 +107,14 @@ def _run(args: argparse.Namespace, config, workers: int, common: dict) -> int:
         os.environ.update(spec_env(os.path.abspath(args.config), args.workdir, args.poll_seconds, args.torch_threads))
         # /metrics sums every worker's values from files in one folder (prometheus-client's
         # multiprocess mode); a fresh folder per start, so a previous run's counts never add in
-        if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-            import tempfile
+        # (our own folder even when an import of Feast already set one of its own)
+        import tempfile
 
-            os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="lattice-metrics-")
+        from lattice.serving.metrics import LATTICE_MULTIPROC_ENV
+
+        folder = tempfile.mkdtemp(prefix="lattice-metrics-")
+        os.environ.update({"PROMETHEUS_MULTIPROC_DIR": folder, "PROMETHEUS_MULTIPROCESS_DIR": folder,
+                           LATTICE_MULTIPROC_ENV: "1"})
         uvicorn.run("lattice.serving.worker:app", factory=True, workers=workers, **common)
         return 0
     import torch

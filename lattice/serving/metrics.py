@@ -20,13 +20,16 @@ import numpy as np
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+# Set by `lattice serve` when it starts several workers. PROMETHEUS_MULTIPROC_DIR alone does not
+# say so: importing Feast sets it (to a temporary folder of Feast's own) in every process.
+LATTICE_MULTIPROC_ENV = "LATTICE_METRICS_MULTIPROC"
 ROUTES = frozenset({"/predict", "/healthz", "/metadata", "/metrics"})
 # single requests take about a millisecond, batches tens: buckets from 0.5 ms to 5 s
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
 
 
 def multiprocess() -> bool:
-    return bool(os.environ.get(MULTIPROC_ENV))
+    return os.environ.get(LATTICE_MULTIPROC_ENV) == "1" and bool(os.environ.get(MULTIPROC_ENV))
 
 
 class ServingMetrics:

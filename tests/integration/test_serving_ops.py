@@ -35,7 +35,9 @@ def _start(tmp_path: Path, workers: int, flush: float) -> tuple[subprocess.Popen
                PYTHONPATH=os.pathsep.join([str(HERE), str(ROOT), os.environ.get("PYTHONPATH", "")]))
     if workers > 1:
         (tmp_path / "metrics").mkdir()
-        env["PROMETHEUS_MULTIPROC_DIR"] = str(tmp_path / "metrics")
+        # what `lattice serve --workers N` sets (lattice.cli.serve_cmd)
+        env.update(PROMETHEUS_MULTIPROC_DIR=str(tmp_path / "metrics"), PROMETHEUS_MULTIPROCESS_DIR=str(tmp_path / "metrics"),
+                   LATTICE_METRICS_MULTIPROC="1")
     proc = subprocess.Popen([sys.executable, "-m", "uvicorn", "_ops_app:app", "--factory", "--port", str(port),
                              "--workers", str(workers), "--log-level", "warning"], env=env, cwd=tmp_path)
     deadline = time.time() + 120
