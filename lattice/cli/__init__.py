@@ -42,6 +42,8 @@ def log_to_pipe(stream=None) -> bool:
             handler._lattice_pipe = True  # type: ignore[attr-defined]
             logger.addHandler(handler)
             logger.setLevel(logging.INFO)
+            # a library that calls logging.basicConfig later (at import) would print each line twice
+            logger.propagate = False
     return True
 
 
