@@ -25,7 +25,7 @@ import pandas as pd
 
 from lattice.config import PlatformConfig
 from lattice.config.timing import Market
-from lattice.data.synth import DOMAINS, WRITERS, World, _chunk, clear_parts, id_space
+from lattice.data.synth_world import DOMAINS, WRITERS, World, _chunk, clear_parts, id_space
 from lattice.progress import progress_bar
 
 

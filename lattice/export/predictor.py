@@ -26,8 +26,8 @@ import torch
 
 from lattice.config import PlatformConfig
 from lattice.data.transforms import DenseStats
-from lattice.registry.checksum import MANIFEST_FILE, ArtifactIntegrityError, compare, read_manifest, sha256_files
-from lattice.registry.client import MANIFEST_TAG
+from lattice.registry.checksum import (MANIFEST_FILE, MANIFEST_TAG, ArtifactIntegrityError, compare, read_manifest,
+                                       sha256_files)
 
 
 @dataclass

@@ -7,6 +7,10 @@ import hashlib
 import json
 from pathlib import Path
 
+# the registry tag holding a version's manifest digest (here, beside the manifest: the exported
+# artifact checks it without importing the registry client)
+MANIFEST_TAG = "lattice.manifest"
+
 
 def sha256_path(path: str | Path) -> str:
     """sha256 of a file, or of a folder's files (relative names and bytes, in sorted order)."""

@@ -41,7 +41,7 @@ from typing import Any, Callable, Iterator
 
 from lattice.config import PlatformConfig
 from lattice.paths import Paths
-from lattice.registry.checksum import (MANIFEST_FILE, ArtifactIntegrityError, compare, manifest, manifest_digest,
+from lattice.registry.checksum import (MANIFEST_FILE, MANIFEST_TAG, ArtifactIntegrityError, compare, manifest, manifest_digest,
                                        read_manifest, sha256_path, write_manifest)
 from lattice.registry.patience import LOCK_WAIT_S, PatientClient, RegistryUnavailableError, check_sqlite_file
 
@@ -51,7 +51,6 @@ CHAMPION = "champion"
 CHALLENGER = "challenger"
 HISTORY_TAG = "lattice.champion_history"
 SERVABLE = "student"
-MANIFEST_TAG = "lattice.manifest"
 """sha256 of the registered folder's manifest (run and version tag): its content key."""
 PROMOTION_STATUS_TAG = "lattice.promotion.status"
 """On a promotion's decision run: pending (alias not yet moved) -> done, or rolled_back."""
