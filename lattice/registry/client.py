@@ -553,13 +553,14 @@ class ModelRegistry:
         need a champion the gate would refuse)."""
         return self._promote(version, None, verify_stored)[0]
 
-    def record_promotion(self, version: VersionInfo, decision: dict[str, Any]) -> str:
+    def record_promotion(self, version: VersionInfo, decision: dict[str, Any], verify_stored: bool = True) -> str:
         """The gate's passing decision and the move, all or nothing: the decision run is written
         first (status pending), then the alias and the history move, then the decision is linked
         from the version and marked done. Any failure after the alias moved restores the previous
         champion (or no champion), the history, the challenger alias and the version's gate tags,
-        marks the run rolled_back, and re-raises. Returns the decision run id."""
-        return self._promote(version, decision)[1]
+        marks the run rolled_back, and re-raises. Returns the decision run id. `verify_stored`
+        (default on) checks the stored copy first, as `promote` does."""
+        return self._promote(version, decision, verify_stored)[1]
 
     def _promote(self, version: VersionInfo, decision: dict[str, Any] | None,
                  verify_stored: bool = True) -> tuple[int | None, str | None]:

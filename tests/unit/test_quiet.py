@@ -82,7 +82,9 @@ def _check_chatter():
     ge = "great_expectations._docs_decorators"
     assert not logging.getLogger(ge).isEnabledFor(logging.INFO)
     assert logging.getLogger(ge).isEnabledFor(logging.WARNING)
-    assert logging.getLogger("great_expectations.core").isEnabledFor(logging.INFO)
+    # only that logger is raised: its siblings keep inheriting (the GX root's level is the
+    # validate stage's business, set there for the whole library once a suite has run)
+    assert logging.getLogger("great_expectations.core").level == logging.NOTSET
 
 
 def test_installing_twice_adds_one_root_filter():

@@ -61,5 +61,7 @@ def test_materialize_starts_feasts_driver_with_the_yaml_conf_relayed(monkeypatch
     _relay_feast_driver(SimpleNamespace(config=SimpleNamespace(offline_store=SimpleNamespace(type="spark",
                                                                                              spark_conf=spark_conf))))
     _relay_feast_driver(SimpleNamespace(config=SimpleNamespace(offline_store=SimpleNamespace(type="file"))))
-    assert seen == [spark_conf]
+    # every key of the yaml's conf reaches the driver's launch (a SparkConf made in a process whose
+    # JVM already runs, as in a whole test session, also carries that JVM's spark.* properties)
+    assert len(seen) == 1 and spark_conf.items() <= seen[0].items()
     assert os.environ["SPARK_LOCAL_IP"] == "127.0.0.1"  # the JVM's own address lookup agrees
