@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import re
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
@@ -1033,6 +1033,9 @@ class PlatformConfig(Strict):
     """Parameters of the built-in log generator (`lattice synth`, `lattice demo`); absent for real
     data."""
     _source_file: str | None = PrivateAttr(default=None)
+    # the deployment profile's engines, resolved once for a run (lattice.deploy.profile.services):
+    # every stage of the run reads this value, none reads the profile file itself
+    _services: Any = PrivateAttr(default=None)
 
     @model_validator(mode="before")
     @classmethod

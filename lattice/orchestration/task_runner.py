@@ -212,6 +212,17 @@ class RunContext:
     extra: dict[str, Any] = field(default_factory=dict)
     """Keywords handed to every stage that takes them (e.g. progress=False)."""
 
+    def __post_init__(self) -> None:
+        # the deployment profile, resolved here once for every step (a missing or unreadable
+        # scale-out profile fails the run before its first stage, naming the file); the stages
+        # read the engines bound to the config (lattice.deploy.profile.services)
+        from lattice.deploy.profile import ProfileError, services
+
+        try:
+            self.services = services(self.config)
+        except ProfileError as exc:
+            raise DeterministicError(f"config {self.config.name!r}: {exc}") from None
+
     def params_for(self, task: TaskSpec, specs: list[ParamSpec]) -> dict[str, Any]:
         """The parameters of the task's DAG form: the run's, narrowed to what the form declares."""
         known = {p.name for p in specs}
@@ -255,7 +266,12 @@ def execute(ctx: RunContext, task: TaskSpec, specs: list[ParamSpec]) -> dict[str
     if sets and ctx.config_file is None:
         raise DeterministicError(f"task {task.task_id!r}: params {sorted(task.config_sets)} set config keys, which needs "
                                  "the run's config file")
-    config = _load(ctx.config_file, [*ctx.overrides, *sets]) if sets else ctx.config
+    if sets:
+        from lattice.deploy.profile import bind
+
+        config = bind(_load(ctx.config_file, [*ctx.overrides, *sets]), ctx.services)
+    else:
+        config = ctx.config
     stage = task.stage
     if task.switch and params.get(task.switch[0]):
         stage = task.switch[1]
