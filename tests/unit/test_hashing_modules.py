@@ -22,7 +22,7 @@ from lattice.config import load_config
 from lattice.config.schema import PlatformConfig, SparseFeature
 from lattice.config.summary import embedding_bytes
 from lattice.hashing.layout import budget_rows, mixed_layout, qr_split
-from lattice.hashing.modules import make_compression
+from lattice.hashing.registry import make_compression
 from lattice.hashing.store import FitMissingError
 from lattice.hashing.zch import ZCHRemap
 from lattice.models import build_model
