@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -60,12 +61,22 @@ def _frame(config: PlatformConfig, test, probs: dict) -> object:
     return base.assign(**{f"p_{o}": probs[o] for o in config.objective_names})
 
 
-def bench_model(model_dir: Path, table: Path) -> dict:
+def bench_model(model_dir: Path, table: Path, cache: Path | None = None) -> dict:
     blob, _ = read_blob(model_dir)
     config = _config(blob)
     method = config.training.calibration if config.training.calibration != "none" else "platt"
     floor = config.training.calibration_min_positives
-    val, test = (raw_scores(config, blob, table, s) for s in ("validation", "test"))
+    frames = []
+    for split in ("validation", "test"):
+        kept = cache / f"{model_dir.parent.parent.name}_{model_dir.name}_{split}.parquet" if cache else None
+        if kept is not None and kept.exists():
+            frames.append(pd.read_parquet(kept))
+            continue
+        frames.append(raw_scores(config, blob, table, split))
+        if kept is not None:
+            kept.parent.mkdir(parents=True, exist_ok=True)
+            frames[-1].to_parquet(kept, index=False)
+    val, test = frames
     raw = C.calibrated_probabilities(config, test, None)
     out: dict = {"method": method, "validation_rows": len(val), "test_rows": len(test), "rules": {}}
     for rule, (choice, judge) in RULES.items():
@@ -119,6 +130,7 @@ def main() -> None:
     p.add_argument("workdirs", nargs="+")
     p.add_argument("--models", default="teacher,student,separate,pooled,mmoe")
     p.add_argument("--out", default=str(ROOT / ".lattice" / "bench" / "calibration_choice.json"))
+    p.add_argument("--cache", default=None, help="folder keeping each model's raw validation / test logits between runs")
     args = p.parse_args()
     print(f"machine: {platform.machine()}, {os.cpu_count()} cpus, load avg {os.getloadavg()[0]:.1f}", flush=True)
     out: dict = {}
@@ -126,7 +138,7 @@ def main() -> None:
         wd = Path(wd)
         t = time.perf_counter()
         found = {m: wd / "models" / m for m in args.models.split(",") if (wd / "models" / m / "model.pt").exists()}
-        res = {m: bench_model(d, wd / "training_set") for m, d in found.items()}
+        res = {m: bench_model(d, wd / "training_set", Path(args.cache) if args.cache else None) for m, d in found.items()}
         for m, r in res.items():
             _print(f"{wd.name}/{m}", r)
         summary = {}
