@@ -389,6 +389,8 @@ def summary(maps: dict[str, Any], validation: dict[str, dict], test: dict[str, d
 
     moved = sorted(c for c, v in cells.items() if ((v["test"] or {}).get("shift") or {}).get("moved_away"))
     return {"method": maps["method"], "min_positives": maps["min_positives"], "choice": maps.get("choice", "always"),
-            "kept": sorted(c for c, m in maps["cells"].items() if (m.get("choice") or {}).get("kept", True)),
+            # cells whose map acts on the scores (an identity map, for a cell without positives or
+            # negatives, does not)
+            "kept": sorted(c for c, m in maps["cells"].items() if m["method"] not in ("identity", "none")),
             "test_moved_away": moved, "cells": cells,
             "macro_test": {part: {k: mean(part, k) for k in ("ece", "ne")} for part in ("before", "after")}}
