@@ -19,18 +19,18 @@ small data supports), one with no positives or no negatives the identity.
 
 The map is then chosen, not imposed (`training.calibration_choice: validated`, the default): each
 cell keeps its map only where it improves validation NE beyond noise, judged out of fold. The
-validation rows of the cell are split in two folds at random (seeded, stratified); the map fitted on one fold
-scores the other, so every row gets a calibrated logit from a map that never saw its label. The
-paired bootstrap (lattice.evaluation.compare) of NE(cross-fitted) - NE(raw) on the cell's rows
-gives an interval (`CHOICE_LEVEL`); the map stays when the whole interval is below 0 (the map
-helps with 90% one-sided confidence) and is otherwise replaced by the identity (the cell scores
-uncalibrated everywhere: eager, exported, served). The folds are stratified by label, so both
-halves hold the cell's rate and a half's map is not judged on the two halves' chance difference. Judging on the
-rows the map was fitted on instead approves maps that only fit the validation rows' noise
-(bench/bench_calibration_choice.py measures both). The map kept is the one fitted on all the
-validation rows. Each cell records the decision and its figures under `choice`; a dropped cell's
-fitted map stays under `candidate`, and its own knots are the identity's, so a reader of the
-maps written before this step existed (which applies every cell's knots) also scores it raw.
+cell's validation rows are dealt into two folds at random (seeded), stratified by label so both
+halves hold the cell's rate and a half's map is not judged on the halves' chance difference; the
+map fitted on one fold scores the other, so every row gets a calibrated logit from a map that
+never saw its label. The paired bootstrap (lattice.evaluation.compare) of NE(cross-fitted) -
+NE(raw) on the cell's rows gives an interval (`CHOICE_LEVEL`); the map stays when the whole
+interval is below 0 (it helps with 90% one-sided confidence) and is otherwise replaced by the
+identity (the cell scores uncalibrated everywhere: eager, exported, served). Judging on the rows
+the map was fitted on instead is optimistic (bench/bench_calibration_choice.py measures both).
+The map kept is the one fitted on all the validation rows. Each cell records the decision and its
+figures under `choice`; a dropped cell's fitted map stays under `candidate`, and its own knots are
+the identity's, so a reader of the maps written before this step existed (which applies every
+cell's knots) also scores it raw.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ MAPS_VERSION = 2
 knots are the identity's and its fitted map is under `candidate` (both versions load alike)."""
 CHOICE_FOLDS = 2
 CHOICE_RESAMPLES = 400
-"""Bootstrap resamples of the choice: the rule reads the interval's upper end (97.5%)."""
+"""Bootstrap resamples of the choice: the rule reads the interval's upper end (the 90th percentile)."""
 CHOICE_LEVEL = 0.8
 """Two-sided level of the paired interval whose upper end must lie below 0 for a map to stay: the
 cross-fitted NE change is below 0 with 90% one-sided confidence. Measured with
@@ -304,10 +304,10 @@ def choose(config: PlatformConfig, frame: pd.DataFrame, maps: dict[str, Any], me
         if fitted == "identity":
             entry.update(kept=True, reason="no positives or no negatives on validation: the identity")
         elif g["high"] == g["high"] and g["high"] < 0:
-            entry.update(kept=True, reason=f"cross-fitted validation NE {g['ne_diff']:+.4f}, {level:.0%} interval "
+            entry.update(kept=True, reason=f"{judge} validation NE {g['ne_diff']:+.4f}, {level:.0%} interval "
                                            f"[{g['low']:+.4f}, {g['high']:+.4f}] below 0")
         else:
-            entry.update(kept=False, reason=f"cross-fitted validation NE {g['ne_diff']:+.4f}, {level:.0%} interval "
+            entry.update(kept=False, reason=f"{judge} validation NE {g['ne_diff']:+.4f}, {level:.0%} interval "
                                             f"[{g['low']:+.4f}, {g['high']:+.4f}] not below 0: within noise or worse")
         out[cell] = entry
     return out
