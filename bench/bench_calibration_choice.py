@@ -164,7 +164,8 @@ def main() -> None:
                   f"{s['test_ne_worse']:26d}  {s['macro_test_ne_raw']:.4f} -> {s['macro_test_ne']:.4f}")
         for j, v in judges.items():
             print(f"judge {j:>9s}: mean validation NE change it estimates {v['mean_estimate']:+.4f}, mean real test change "
-                  f"{v['mean_test_change']:+.4f}; approves {v['approved']} maps, {v['approved_test_worse']} of them worse on test")
+                  f"{v['mean_test_change']:+.4f}; approves {v['approved']} maps, "
+                  f"{v['approved_test_worse']} of them worse on test")
         out[wd.name] = {"models": res, "summary": summary, "judges": judges}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=1, default=float))

@@ -49,7 +49,8 @@ def calibration_table(metrics: dict[str, dict]) -> dict[str, dict]:
             cells[cell] = {"fit": c.get("fit"), "candidate": c.get("candidate", c.get("fit")),
                            "kept": choice.get("kept", True), "reason": choice.get("reason"),
                            "val_ne_before": choice.get("val_ne_before"), "val_ne_after": choice.get("val_ne_after"),
-                           **{f"{k}_{part}": test.get(part, {}).get(k) for part in ("before", "after") for k in ("calibration", "ece")},
+                           **{f"{k}_{part}": test.get(part, {}).get(k)
+                              for part in ("before", "after") for k in ("calibration", "ece")},
                            "distance_change": shift.get("distance_change"), "distance_change_interval":
                                [shift.get("low"), shift.get("high")] if shift else None,
                            "moved_away": shift.get("moved_away") if shift else None}
