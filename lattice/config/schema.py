@@ -645,6 +645,12 @@ class Training(Strict):
     bins of ~50 positives made monotone), `none`. Every map is monotone; cells under
     `calibration_min_positives` get Platt. Platt is the default: the best test NE on every sample
     measured (bench/README.md), and no ties between rows the network ranked apart."""
+    calibration_choice: Literal["validated", "always"] = "validated"
+    """`validated`: a cell keeps its calibration map only where the map, fitted on one half of the
+    cell's validation rows and judged on the other (both ways), improves validation NE beyond noise
+    (the paired bootstrap's one-sided 90% bound below 0); elsewhere the cell scores uncalibrated, in
+    every path. `always`: every cell's map applies (the step before: on the demo it moved 9 of 25
+    test cells further from calibrated, on Taobao one beyond noise). See docs/bench/calibration.md."""
     calibration_min_positives: int = Field(default=200, ge=0)
     """Validation positives a cell needs for the isotonic or histogram map; below it the cell gets
     the two-parameter Platt map (a cell with no positives or no negatives keeps the identity)."""
