@@ -1168,12 +1168,6 @@ class PlatformConfig(Strict):
                 if need not in have:
                     out.append(("training.split.kind", "source", f"no source has 'split: {need}'; "
                                 "add one, or use another split kind"))
-        from lattice.config.rules_hashing import hashing_problems
-
-        out += hashing_problems(self)
-        from lattice.config.rules_tuning import space_problems
-
-        out += space_problems(self)
         t, st = self.models.teacher, self.models.student
         bigger = [k for k in ("embedding_dim", "table_scale", "num_layers", "num_tokens", "fm_rank", "domain_fm") if getattr(st, k) > getattr(t, k)]
         if bigger or sum(st.head_dims) > sum(t.head_dims):
