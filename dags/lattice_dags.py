@@ -50,7 +50,7 @@ def _task(config_file: str, spec: DagSpec, t: TaskSpec, outlets: list[Asset]):
     def run_stage() -> dict:
         from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
-        from lattice.orchestration.task_runner import DeterministicError, GateRejected, OutsideRange, run_task
+        from lattice.orchestration.task_runner import DeterministicError, GateRejected, NotYet, OutsideRange, run_task
         from lattice.quiet import library_notices
 
         library_notices()  # before the stage imports GE, torch, fbgemm: their chatter never reaches the log
@@ -60,7 +60,7 @@ def _task(config_file: str, spec: DagSpec, t: TaskSpec, outlets: list[Asset]):
         interval = (str(run_type) if run_type else None, context.get("data_interval_start"), context.get("data_interval_end"))
         try:
             result = run_task(config_file, t, form_values(dict(context["params"]), spec.params), spec.params, interval)
-        except OutsideRange as exc:
+        except (OutsideRange, NotYet) as exc:  # nothing to do for this run: skipped, with the reason
             raise AirflowSkipException(str(exc)) from exc
         except GateRejected as exc:
             # the decision stays readable (UI XCom tab, REST) although the task fails
@@ -97,6 +97,11 @@ def build(config_file: str, config: PlatformConfig, spec: DagSpec, assets: dict[
         schedule = [assets[spec.schedule.asset]]
         if spec.family == "train_teacher" and config.monitoring.rules:
             schedule = assets[spec.schedule.asset] | assets["retrain"]  # a tripped monitoring rule retrains too
+        if spec.family == "promote" and config.training.window and spec.schedule.asset != "features":
+            # a windowed challenger is judged on the day after its window: when it is registered that
+            # day has not arrived (the gate task is skipped, "waits"), and the features run that
+            # brings the day starts the gate again
+            schedule = assets[spec.schedule.asset] | assets["features"]
     else:
         schedule = None
 

@@ -98,6 +98,11 @@ def check_params(params: dict[str, Any], specs: list[ParamSpec]) -> None:
         raise DeterministicError(f"unknown params {unknown}; this DAG takes {sorted(known)}")
 
 
+class NotYet(TaskError):
+    """The step's input is a day that has not arrived (a windowed challenger is judged on the day
+    after its window): not a failure and not a rejection; the run that brings the day does it."""
+
+
 class OutsideRange(TaskError):
     """A scheduled or backfilled day that lies outside the config's `time_range` (what may be
     processed): nothing to do, and the DAG marks the task skipped rather than failed."""
@@ -318,6 +323,10 @@ def execute(ctx: RunContext, task: TaskSpec, specs: list[ParamSpec]) -> dict[str
             run_paths.discard()  # the previous model folder stays as it was
         if isinstance(exc, TaskError):
             raise
+        from lattice.export.window import DayNotInTable
+
+        if isinstance(exc, DayNotInTable):
+            raise NotYet(f"task {task.task_id!r} waits: {exc}") from None
         cls = DeterministicError if is_deterministic(exc) else TaskError
         again = " (not retried: the same input fails the same way)" if cls is DeterministicError else ""
         raise cls(f"stage {stage!r} failed for config {config.name!r}{again}: {type(exc).__name__}: {exc}") from exc
