@@ -149,19 +149,24 @@ def replay(evals: list[dict], per_epoch: int, cadence: int, patience: int, max_e
     """What a rule would have kept and spent on one recorded curve."""
     stride = per_epoch // cadence
     seen = [e for i, e in enumerate(evals) if (i + 1) % stride == 0 and e["epoch"] <= max_epochs]
+    from lattice.training.stopping import observe  # the trainer's own rule
+
     best, bad, stop_at = None, 0, seen[-1]
     for e in seen:
-        if best is None or e["val_macro_ne"] < best["val_macro_ne"]:
-            best, bad = e, 0
-        else:
-            bad += 1
-        if bad > patience:
+        step = observe(best["val_macro_ne"] if best else math.inf, bad, e["val_macro_ne"], patience)
+        bad = step.bad_evals
+        if step.best:
+            best = e
+        if step.stop:
             stop_at = e
             break
     n_evals = seen.index(stop_at) + 1
+    # seconds from the run's mean rates, not the clock at the stop point: on a shared machine a
+    # neighbour's burst would otherwise decide between two rules
     mean_eval = float(np.mean([e["eval_seconds"] for e in evals]))
+    per_epoch = evals[-1]["train_seconds"] / evals[-1]["epochs_done"]
     return {"test": best["test_macro_ne"], "best_at": best["epochs_done"], "stopped_at": stop_at["epochs_done"],
-            "seconds": stop_at["train_seconds"] + n_evals * mean_eval, "epochs_used": stop_at["epochs_done"]}
+            "seconds": stop_at["epochs_done"] * per_epoch + n_evals * mean_eval, "epochs_used": stop_at["epochs_done"]}
 
 
 def rules(max_epochs: int) -> list[tuple[int, int, int]]:

@@ -74,3 +74,17 @@ def test_point_inside_an_epoch() -> None:
     assert point({"epoch": 2, "validation": 1}, 4) == "epoch 2, validation 1 of 4"
     assert point({"epoch": 2, "validation": 4}, 4) == "the end of epoch 2"
     assert point({"epoch": 1}, 1) == "the end of epoch 1"  # entries written before the field existed
+
+
+def test_the_report_page_shows_the_kept_validation_and_the_reason() -> None:
+    from lattice.demo.report import render_html
+
+    why = reason(_evals(FALLS_THEN_RISES[:6], per_epoch=2), best_step=40, stopped=True, patience=1,
+                 evals_per_epoch=2, epochs_planned=5)
+    stop = {"stopped_early": True, "stop_reason": why, "epochs_run": 3, "epochs_planned": 5,
+            "kept": {"epoch": 2, "validation": 2, "step": 40, "val_macro_ne": 0.94}}
+    page = render_html({"models": {"teacher": {"history": {"stop": stop}}, "gbdt": {"history": None}}})
+    assert "the validation kept and why each run stopped" in page
+    assert "<td>teacher</td><td>3 of 5</td><td>early stop</td><td>2</td><td>2</td><td>0.9400</td>" in page
+    assert "patience ran out at the end of epoch 3" in page
+    assert "<td>gbdt</td>" not in page.split("why each run stopped")[1].split("</table>")[0]
