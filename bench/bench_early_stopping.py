@@ -170,7 +170,8 @@ def replay(evals: list[dict], per_epoch: int, cadence: int, patience: int, max_e
 
 
 def rules(max_epochs: int) -> list[tuple[int, int, int]]:
-    return [(c, p, m) for c in (1, 2, 4) for p in (0, 1, 2, 3, 4, 6) for m in sorted({3, max_epochs})]
+    """(cadence, patience, epoch cap): patience 99 never runs out here (every epoch runs, the best kept)."""
+    return [(c, p, m) for c in (1, 2, 4) for p in (0, 1, 2, 3, 4, 6, 99) for m in sorted({2, 3, max_epochs})]
 
 
 def score(recorded: dict, names: list[str], baseline: tuple[int, int, int | None]) -> dict:
@@ -212,7 +213,11 @@ def print_table(title: str, scored: dict, names: list[str], only: list[str] | No
 
 def choose(scored: dict, tolerance: float) -> str:
     """The cheapest rule whose worst dataset loses at most `tolerance` test NE against the
-    baseline; among equally cheap ones (within 5%), the best mean NE."""
+    baseline; among equally cheap ones (within 5%), the best mean NE. Only rules at the longest
+    epoch cap compete: a default patience has to end a run whose user raised `epochs`, so the
+    cap must not be what stops it."""
+    cap = max(r["epochs"] for r in scored.values())
+    scored = {k: r for k, r in scored.items() if r["epochs"] == cap}
     ok = [k for k, r in scored.items() if r["worst_d_test_ne"] <= tolerance]
     if not ok:
         return min(scored, key=lambda k: scored[k]["mean_d_test_ne"])
