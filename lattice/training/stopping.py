@@ -54,7 +54,7 @@ def reason(evals: list[dict], best_step: int, stopped: bool, patience: int, eval
     """Why the run ended and which validation's weights it kept, in one sentence."""
     kept = next((e for e in evals if e["step"] == best_step), None)
     keeps = (f"kept {point(kept, evals_per_epoch)} (step {kept['step']}, validation macro NE {kept['val_macro_ne']:.4f})"
-             if kept else "no validation was better than none: kept the last weights")
+             if kept else "no validation gave a finite macro NE: kept the last weights")
     if stopped and evals:
         last = evals[-1]
         without = sum(1 for e in evals if e["step"] > best_step) if kept else len(evals)
