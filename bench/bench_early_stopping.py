@@ -248,7 +248,12 @@ def main() -> None:
     if not args.replay_only:
         for cfg in args.choose.split(",") + args.confirm.split(","):
             if cfg:
-                recorded[Path(cfg).stem] = record(cfg, args)
+                got, had = record(cfg, args), recorded.get(Path(cfg).stem)
+                if had and (had["epochs"], had["evals_per_epoch"]) == (got["epochs"], got["evals_per_epoch"]):
+                    # seeds recorded by an earlier call stay (a slow set can be recorded a seed per call)
+                    fresh = {r["seed"] for r in got["runs"]}
+                    got["runs"] = sorted([r for r in had["runs"] if r["seed"] not in fresh] + got["runs"], key=lambda r: r["seed"])
+                recorded[Path(cfg).stem] = got
                 OUT.parent.mkdir(parents=True, exist_ok=True)
                 OUT.write_text(json.dumps({"recorded": recorded}, indent=1))
     baseline = (1, 2, None)

@@ -437,7 +437,7 @@ class Trainer:
             self.save_checkpoint()
             if stop:
                 break
-        if not st.stop_reason:  # every planned epoch ran (an early stop wrote its reason when it happened)
+        if not st.stopped:  # every planned epoch ran (an early stop wrote its reason when it happened)
             st.stop_reason = self._stop_reason()
         return True
 
