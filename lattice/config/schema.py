@@ -550,9 +550,10 @@ class Training(Strict):
     data (50k, 200k rows) and a worse one on Avazu, whose small validation split is noisy
     (bench/README.md). Measured again with early stopping (docs/bench/early_stopping.md, 3
     seeds): 2 or 4 kept a worse model on test than 1 on Avazu and MIND (+0.009 to +0.036 macro NE)
-    and a better one on Douban (-0.011 to -0.015), so 1 was chosen; on Criteo and Taobao 4 with
-    `early_stopping_patience` 2 was slightly better (-0.001 to -0.002). More pays where
-    validation is large and the peak comes mid-epoch."""
+    and a better one on Douban (-0.011 to -0.015), so 1 was chosen; on Criteo, Taobao and the
+    demo data 4 with `early_stopping_patience` 2 was better (-0.0012 to -0.0026). More pays where
+    validation is large and the peak comes mid-epoch; raise the patience to 2 with it (at 0 or
+    1 the noise between quarter-epoch points stopped runs too early)."""
     lr_dense: float = Field(default=1e-3, gt=0)
     """Adam learning rate of the dense parameters (interaction layers, MLPs, projections); see
     `lr_decay_to`."""
