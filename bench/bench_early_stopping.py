@@ -16,7 +16,8 @@ cost (training seconds to its stop point + its validations at the measured mean 
 as a share of the baseline's. A rule is chosen on `--choose` datasets and the same rule is then
 reported on the `--confirm` ones, which took no part in the choice.
 
-    nice .venv/bin/python bench/bench_early_stopping.py                  # record + replay (about 15 min on 2 cores)
+    nice .venv/bin/python bench/bench_early_stopping.py                  # record + replay (~35 min on 2 loaded cores, half of it `lattice features`)
+    nice .venv/bin/python bench/bench_early_stopping.py --choose configs/demo.yaml --confirm "" --reuse --seeds 1   # one seed per call
     nice .venv/bin/python bench/bench_early_stopping.py --replay-only    # replay the recorded curves again
     nice .venv/bin/python bench/bench_early_stopping.py --choose configs/mind.yaml --confirm configs/criteo.yaml --seeds 0
 
