@@ -139,6 +139,21 @@ def metrics_rows(report: dict[str, Any]) -> list[list[Any]]:
     return rows
 
 
+def training_rows(report: dict[str, Any]) -> list[list[Any]]:
+    """Per trained model: epochs run of those planned, the validation whose weights were kept and
+    why training ended (history.json's `stop`, lattice.training.stopping.reason)."""
+    rows = []
+    for m in _models(report):
+        stop = (report["models"][m].get("history") or {}).get("stop")
+        if not stop:  # a tree baseline, or a model trained before runs recorded it
+            continue
+        kept = stop.get("kept") or {}
+        rows.append([m, f"{stop.get('epochs_run')} of {stop.get('epochs_planned')}",
+                     "early stop" if stop.get("stopped_early") else "all epochs",
+                     kept.get("epoch"), kept.get("validation"), kept.get("val_macro_ne"), stop.get("stop_reason")])
+    return rows
+
+
 def comparison_rows(report: dict[str, Any]) -> list[list[Any]]:
     """One row per model pair: NE(B) - NE(A) macro with its paired bootstrap 95% interval and
     verdict, and which cells go which way."""
@@ -250,6 +265,11 @@ def render_html(report: dict[str, Any]) -> str:
     if comparison_rows(report):
         parts.append("<h3>Model pairs on the same test rows: NE(B) &minus; NE(A), paired bootstrap 95% interval</h3>")
         parts.append(_table(comparison_rows(report), ["B vs A", "macro NE diff", "95% interval", "verdict", "cells"]))
+
+    if training_rows(report):
+        parts.append("<h3>Training: the validation kept and why each run stopped</h3>")
+        parts.append(_table(training_rows(report), ["model", "epochs run", "ended by", "kept epoch", "validation in epoch",
+                                                    "validation macro NE", "why"]))
 
     for title, fn in (("Training curves", plot_training_curves), ("NE per cell", plot_ne_bars),
                       ("Calibration", plot_reliability), ("Student vs teacher cost", plot_cost)):

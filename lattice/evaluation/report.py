@@ -145,6 +145,8 @@ def write_report(config: PlatformConfig, out: Path, metrics: dict[str, dict], hi
     calibration = calibration_table(metrics)
     report = {"models": list(metrics), "split": describe(config), **comp, "metrics": metrics,
               "calibration": calibration, "comparisons": comparisons or [],
+              # per deep model: the validation kept and why training stopped (lattice.training.stopping)
+              "training": {name: m["training"] for name, m in metrics.items() if m.get("training")},
               "plots": {"ne_by_cell": str(out / "ne_by_cell.png"), "training_curves": str(out / "training_curves.png")}}
     (out / "evaluation.json").write_text(json.dumps(report, indent=1, default=lambda x: None))
     return {"models": list(metrics), "macro": comp["macro"], "report": str(out / "evaluation.json"), "plots": report["plots"],
