@@ -190,3 +190,29 @@ def test_replay_adds_the_hashed_share_of_older_window_days(setup) -> None:
     want = int((table.date == "2026-01-03").sum()) + int((hash_fraction(day2) < 0.5).sum())
     assert b["history"][0]["examples"] == want
     assert 0 < int((hash_fraction(day2) < 0.5).sum()) < len(day2)
+
+
+def test_the_student_is_distilled_warm_from_the_last_student_on_the_teachers_days(setup) -> None:
+    """The daily chain's second half: after a warm-started teacher, `distill` trains the student on
+    the teacher's window (its lineage's end) and continues the last student, whose lineage names it."""
+    from lattice.distill.stages import distill
+
+    cfg, paths = setup
+    warm = cfg.model_copy(update={"training": cfg.training.model_copy(update={"warm_start": "last"})})
+    train(cfg, paths, model="teacher", nproc=1, end=END_A, progress=False)
+    distill(cfg, paths, nproc=1, export=False, register=False, progress=False)
+    first = json.loads((paths.model_dir("student") / "lineage.json").read_text())
+    assert first["parent"] is None and first["window"]["end"] == END_A
+    first_sum = _blob(paths, "student")["state_dict"]
+
+    train(warm, paths, model="teacher", nproc=1, end=END_B, progress=False)
+    distill(warm, paths, nproc=1, export=False, register=False, progress=False)
+    lin = json.loads((paths.model_dir("student") / "lineage.json").read_text())
+    assert lin["window"]["end"] == END_B and lin["judged_on"] == "2026-01-05"  # the teacher's days, not its own guess
+    assert lin["trained_days"] == ["2026-01-03"]  # only the day the last student has not seen
+    assert lin["days_seen"] == ["2026-01-01", "2026-01-02", "2026-01-03"]
+    assert lin["parent"]["mode"] == "last" and len(lin["parent"]["checksum"]) == 64
+    after = _blob(paths, "student")["state_dict"]
+    moved = [k for k in first_sum if torch.is_tensor(first_sum[k]) and first_sum[k].dtype.is_floating_point
+             and not torch.equal(first_sum[k], after[k])]
+    assert moved  # it trained on: weights continued, not copied

@@ -92,8 +92,10 @@ def _scaled(config, tmp_path, monkeypatch, torchrun: dict):
 def test_embedded_command_is_unchanged(config) -> None:
     lay = launch.layout(config, 2, "run")
     cmd = lay.command(Path("spec.json"))
-    assert cmd[1:6] == ["-m", "torch.distributed.run", "--nproc_per_node=2", "--nnodes=1", "--master_addr=127.0.0.1"]
-    assert cmd[6].startswith("--master_port=") and cmd[7:] == ["-m", "lattice.training.worker", "spec.json"]
+    # the run's own --log-dir, where its ranks' error files go (lattice.training.launch.rank_errors)
+    assert cmd[1:5] == ["-m", "torch.distributed.run", "--log-dir", str(Path("rank_errors") / "node0")]
+    assert cmd[5:8] == ["--nproc_per_node=2", "--nnodes=1", "--master_addr=127.0.0.1"]
+    assert cmd[8].startswith("--master_port=") and cmd[9:] == ["-m", "lattice.training.worker", "spec.json"]
 
 
 def test_cluster_node_command(config, tmp_path, monkeypatch) -> None:
