@@ -7,14 +7,14 @@ from fresh processes, on one set of synthetic raw logs generated once beforehand
 - `dag`: the DAG's tasks as they are now (`DagSpec.airflow_tasks`: the synthetic step, then
   consolidate .. materialize in one task sharing one Spark session), each task a fresh Python
   process that imports the Airflow task SDK first, as a LocalExecutor task does;
-- `per_step` (with --before): one fresh process per step, the DAG as it was before the Spark
+- `per_step` (with --before N, in the first N rounds): one fresh process per step, the DAG as it was before the Spark
   steps were grouped (each starting its own Spark JVM).
 
 The modes alternate within each round, so drift in the machine's load falls on all of them.
 Airflow's own per-task cost (scheduling, the task supervisor, API calls) is not in these figures:
 they compare what the tasks themselves run.
 
-    nice -n 10 env PYTHONPATH=$PWD python bench/bench_features_dag.py --rows 6000 --runs 3 [--before]
+    nice -n 10 env PYTHONPATH=$PWD python bench/bench_features_dag.py --rows 6000 --runs 3 [--before 1]
 """
 
 from __future__ import annotations
@@ -88,7 +88,8 @@ def main() -> None:
     ap.add_argument("--config", type=Path, default=ROOT / "configs" / "demo.yaml")
     ap.add_argument("--rows", type=int, default=6000)
     ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--before", action="store_true", help="also time one process per step (the DAG before grouping)")
+    ap.add_argument("--before", type=int, default=0, metavar="N",
+                    help="also time one process per step (the DAG before grouping) in the first N rounds")
     ap.add_argument("--keep", type=Path, help="work folder to keep (default: a temporary one)")
     args = ap.parse_args()
 
@@ -106,11 +107,13 @@ def main() -> None:
     times: dict[str, list[float]] = {m: [] for m in modes}
     with open(tmp / "bench.log", "w") as log:
         as_tasks(config, [[spec.tasks[0].task_id]], log)  # the raw logs, once: every run reads the same data
-        for _ in range(args.runs):
+        for round_ in range(args.runs):
             for mode, fn in modes.items():
+                if mode == "per_step" and round_ >= args.before:
+                    continue
                 times[mode].append(round(fn(log), 1))
                 print(f"{mode}: {times[mode][-1]} s", file=sys.stderr, flush=True)
-    median = {m: round(statistics.median(v), 1) for m, v in times.items()}
+    median = {m: round(statistics.median(v), 1) for m, v in times.items() if v}
     result = {"config": str(args.config.name), "rows": args.rows, "runs": args.runs, "dag_tasks": grouped,
               "seconds": times, "median_s": median, "dag_over_one": round(median["dag"] / median["one"], 2)}
     if "per_step" in median:

@@ -97,6 +97,36 @@ def test_a_missing_stage_fails_its_task_and_stops_the_run(airflow_db, monkeypatc
     assert (tmp_path / "raw" / "manifest.json").exists()
 
 
+def test_spark_steps_run_as_one_task_each_step_result_an_xcom(airflow_db, monkeypatch, tmp_path: Path) -> None:
+    """The features DAG's Spark steps are one Airflow task: they run in order in it, each step's
+    result is an XCom under the step's name, the task's own result is the last step's, and the
+    features asset is announced once, when the task ends. (Stand-in stages: the real ones run in
+    the whole-chain test below.)"""
+    from lattice import stages
+
+    real = stages.get_stage
+    ran: list[str] = []
+
+    def stand_in(name: str):
+        if name == "synth":
+            return real(name)
+
+        def stage(config, paths, **kw):
+            ran.append(name)
+            return {"stage": name, "rows_out": 10 * len(ran)}
+        return stage
+
+    monkeypatch.setattr(stages, "get_stage", stand_in)
+    dag = _dags(monkeypatch, _tiny(tmp_path))["tiny__features"]
+    assert [t.task_id for t in dag.topological_sort()] == ["synthesize_raw_logs", SPARK_TASK]
+    assert {o.name for o in dag.get_task(SPARK_TASK).outlets} == {"lattice.tiny.features"}
+    dr = _run(dag, {"synthetic_rows": 3000})
+    assert ran == ["consolidate", "aggregates", "feast_apply", "training_set", "materialize"]
+    for i, step in enumerate(ran, 1):
+        assert _xcom(dr, SPARK_TASK, key=step)["summary"] == {"stage": step, "rows_out": 10 * i}
+    assert _xcom(dr, SPARK_TASK)["stage"] == "materialize"
+
+
 def test_whole_chain_with_an_added_domain_and_objective(airflow_db, monkeypatch, tmp_path: Path, artifacts: Path) -> None:
     """features -> train_teacher -> distill -> promote on a copy of the demo config with one more
     domain and one more objective, added by config only: the DAGs offer them, and the models
