@@ -7,7 +7,7 @@ from fresh processes, on one set of synthetic raw logs generated once beforehand
 - `dag`: the DAG's tasks as they are now (`DagSpec.airflow_tasks`: the synthetic step, then
   consolidate .. materialize in one task sharing one Spark session), each task a fresh Python
   process that imports the Airflow task SDK first, as a LocalExecutor task does;
-- `per_step` (with --before N, in the first N rounds): one fresh process per step, the DAG as it was before the Spark
+- `per_step` (with --before N, in the last N rounds): one fresh process per step, the DAG as it was before the Spark
   steps were grouped (each starting its own Spark JVM).
 
 The modes alternate within each round, so drift in the machine's load falls on all of them.
@@ -44,10 +44,12 @@ config_file, ids = sys.argv[1], sys.argv[2].split(",")
 spec = next(s for s in dag_specs(load_config(config_file)) if s.family == "features")
 steps = [t for t in spec.tasks if t.task_id in ids]
 params = {**defaults(spec)}
+assert [t.task_id for t in steps] == ids, (ids, [t.task_id for t in steps])
 if len(steps) == 1:
     run_task(config_file, steps[0], params, spec.params)
 else:
     run_steps(config_file, steps, params, spec.params)
+print("TASK DONE", ",".join(ids), flush=True)
 """
 
 
@@ -67,20 +69,28 @@ def _env() -> dict[str, str]:
     return env
 
 
-def _run(cmd: list[str], log) -> float:
+def _run(cmd: list[str], log, done: str | None = None) -> float:
     t = time.perf_counter()
-    out = subprocess.run(cmd, cwd=ROOT, env=_env(), stdout=log, stderr=subprocess.STDOUT)
-    if out.returncode:
+    out = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True)
+    log.write(out.stdout + out.stderr)
+    log.flush()
+    if out.returncode or (done and done not in out.stdout):
         raise SystemExit(f"failed ({out.returncode}): {' '.join(cmd)}; see the log {log.name}")
     return time.perf_counter() - t
 
 
 def one_process(config: Path, log) -> float:
-    return _run([sys.executable, "-m", "lattice.cli", "run", str(config), "--to", "materialize", "--quiet"], log)
+    return _run([sys.executable, "-m", "lattice.cli", "run", str(config), "--to", "materialize", "--quiet"], log,
+                done="stage=materialize")
 
 
 def as_tasks(config: Path, groups: list[list[str]], log) -> float:
-    return sum(_run([sys.executable, "-c", TASK, str(config), ",".join(g)], log) for g in groups)
+    # a script file, not `python -c`: pyspark takes a __main__ without a file for its own doctests
+    # and exits 0 at the first Spark Connect import (the step would silently not run)
+    script = Path(log.name).with_name("task.py")
+    script.write_text(TASK)
+    return sum(_run([sys.executable, str(script), str(config), ",".join(g)], log, done=f"TASK DONE {','.join(g)}")
+               for g in groups)
 
 
 def main() -> None:
@@ -89,7 +99,7 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=6000)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--before", type=int, default=0, metavar="N",
-                    help="also time one process per step (the DAG before grouping) in the first N rounds")
+                    help="also time one process per step (the DAG before grouping) in the last N rounds")
     ap.add_argument("--keep", type=Path, help="work folder to keep (default: a temporary one)")
     args = ap.parse_args()
 
@@ -109,10 +119,11 @@ def main() -> None:
         as_tasks(config, [[spec.tasks[0].task_id]], log)  # the raw logs, once: every run reads the same data
         for round_ in range(args.runs):
             for mode, fn in modes.items():
-                if mode == "per_step" and round_ >= args.before:
-                    continue
+                if mode == "per_step" and round_ < args.runs - args.before:
+                    continue  # the last N rounds: what is cut short first
                 times[mode].append(round(fn(log), 1))
                 print(f"{mode}: {times[mode][-1]} s", file=sys.stderr, flush=True)
+                (tmp / "times.json").write_text(json.dumps(times))  # survives a run cut short
     median = {m: round(statistics.median(v), 1) for m, v in times.items() if v}
     result = {"config": str(args.config.name), "rows": args.rows, "runs": args.runs, "dag_tasks": grouped,
               "seconds": times, "median_s": median, "dag_over_one": round(median["dag"] / median["one"], 2)}
