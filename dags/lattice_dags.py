@@ -51,7 +51,8 @@ def _task(config_file: str, spec: DagSpec, group: AirflowTask, outlets: list[Ass
     def run_stage() -> dict:
         from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
-        from lattice.orchestration.task_runner import DeterministicError, GateRejected, OutsideRange, run_steps, run_task
+        from lattice.orchestration.task_runner import (DeterministicError, GateRejected, NotYet, OutsideRange,
+                                                       run_steps, run_task)
         from lattice.quiet import library_notices
 
         library_notices()  # before the stage imports GE, torch, fbgemm: their chatter never reaches the log
@@ -69,7 +70,7 @@ def _task(config_file: str, spec: DagSpec, group: AirflowTask, outlets: list[Ass
                 for step_id, step_result in results.items():  # each step's result, as its own task's was
                     context["ti"].xcom_push(key=step_id, value=step_result)
                 result = results[t.task_id]
-        except OutsideRange as exc:
+        except (OutsideRange, NotYet) as exc:  # nothing to do for this run: skipped, with the reason
             raise AirflowSkipException(str(exc)) from exc
         except GateRejected as exc:
             # the decision stays readable (UI XCom tab, REST) although the task fails
@@ -106,6 +107,11 @@ def build(config_file: str, config: PlatformConfig, spec: DagSpec, assets: dict[
         schedule = [assets[spec.schedule.asset]]
         if spec.family == "train_teacher" and config.monitoring.rules:
             schedule = assets[spec.schedule.asset] | assets["retrain"]  # a tripped monitoring rule retrains too
+        if spec.family == "promote" and config.training.window and spec.schedule.asset != "features":
+            # a windowed challenger is judged on the day after its window: when it is registered that
+            # day has not arrived (the gate task is skipped, "waits"), and the features run that
+            # brings the day starts the gate again
+            schedule = assets[spec.schedule.asset] | assets["features"]
     else:
         schedule = None
 

@@ -39,6 +39,11 @@ def _evaluate(args: argparse.Namespace) -> int:
     print(summary_table(config, metrics))
     for line in versus_lines(out.get("vs_trees")):
         print(line)
+    if out.get("calibration"):
+        from lattice.evaluation.report import calibration_lines
+
+        print("\nCalibration step (chosen per cell on validation; FLAG: test calibration moved further from 1 beyond noise):")
+        print("\n".join(calibration_lines(out["calibration"])))
     if out.get("comparisons"):
         print("\nNE(B) - NE(A) on the same test rows, paired bootstrap 95% interval (negative: B better):")
         print("\n".join(comparison_lines(out["comparisons"])))

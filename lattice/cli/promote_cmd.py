@@ -19,9 +19,14 @@ def _paths(args: argparse.Namespace):
 def _promote(args: argparse.Namespace) -> int:
     from lattice.promotion.stages import promote
 
+    from lattice.export.window import DayNotInTable
+
     config, paths = _paths(args)
     try:
         out = promote(config, paths, dry_run=args.dry_run)
+    except DayNotInTable as exc:  # not a rejection: the challenger is judged once its next day arrives
+        print(f"promote: waiting: {exc}")
+        return 4
     except (LookupError, ValueError, FileNotFoundError, RuntimeError) as exc:
         # a missing registry, no challenger, a promotion undone after a failed write: one line, exit 1
         print(f"promote: {exc}", file=sys.stderr)

@@ -33,7 +33,7 @@ def _params(args: argparse.Namespace) -> dict:
 def _run(args: argparse.Namespace) -> int:
     from lattice.orchestration.graph import pipeline, select
     from lattice.orchestration.spec import dag_specs
-    from lattice.orchestration.task_runner import GateRejected, RunContext, TaskError, check_params, execute
+    from lattice.orchestration.task_runner import GateRejected, NotYet, RunContext, TaskError, check_params, execute
 
     config, paths = config_and_paths(args, ensure=not args.list)
     try:
@@ -61,6 +61,9 @@ def _run(args: argparse.Namespace) -> int:
         except GateRejected as exc:
             print(f"{exc}", file=sys.stderr)
             return 3  # the gate said no: a distinct exit code, not a crash
+        except NotYet as exc:  # the challenger's next day is not in the table: nothing after it can run yet
+            print(f"   {exc}\nrun: stopped at {step.task_id}; run the features of that day, then `--from {step.task_id}`", flush=True)
+            return 0
         except TaskError as exc:
             print(f"run: step {step.task_id} failed after {time.perf_counter() - started:.1f}s:\n{exc}", file=sys.stderr)
             return 1

@@ -83,6 +83,8 @@ def _train(args: argparse.Namespace) -> int:
         else:
             print(f"trained {name} on {s['world_size']} rank(s) in {s['seconds']:.0f}s: best epoch {s['best_epoch']}, "
                   f"{s['cost']['params']:,} params, {s['cost']['flops_per_example']:,.0f} FLOPs/example -> {s['model_dir']}")
+            if s.get("stop_reason"):
+                print(f"  {'stopped early' if s.get('stopped_early') else 'ran to the end'}: {s['stop_reason']}")
         results[name] = json.loads((paths.model_dir(name) / "metrics.json").read_text())
     # show the new models next to every other trained model of this workdir
     for other in sorted(p.name for p in paths.models.glob("*") if (p / "metrics.json").exists()):

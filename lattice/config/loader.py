@@ -196,7 +196,18 @@ def _cross_field_despite(data: dict, errors: list[dict]) -> list[Problem]:
         cfg = PlatformConfig.model_validate(fixed)
     except ValidationError:
         return []
-    return [Problem(p, v, m) for p, v, m in cfg.problems()]
+    return every_problem(cfg)
+
+
+def every_problem(cfg: PlatformConfig) -> list[Problem]:
+    """The cross-field problems of a validated config: the schema's own, then the rules that
+    hashing layouts and the tuning space put on it (kept in their modules, which read the schema's
+    types, so the schema imports neither of them)."""
+    from lattice.config.rules_hashing import hashing_problems
+    from lattice.config.rules_tuning import space_problems
+
+    found = [*cfg.problems(), *hashing_problems(cfg), *space_problems(cfg)]
+    return [Problem(p, v, m) for p, v, m in found]
 
 
 def parse_config(data: object, file: str = "<memory>") -> PlatformConfig:
@@ -208,7 +219,7 @@ def parse_config(data: object, file: str = "<memory>") -> PlatformConfig:
         errors = _collapse_union([dict(e) for e in exc.errors()])
         problems = [Problem(_loc(e["loc"]), e.get("input"), _fix_for(e)) for e in errors]
         raise ConfigError(file, problems + _cross_field_despite(data, errors)) from None
-    problems = [Problem(p, v, m) for p, v, m in cfg.problems()]
+    problems = every_problem(cfg)
     if problems:
         raise ConfigError(file, problems)
     return cfg

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import re
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
@@ -548,7 +548,12 @@ class Training(Strict):
     their first or second pass and then over-fit, and the best of these points is the model kept.
     1 by default: 4 cost about a quarter more training time and kept the same model on the demo
     data (50k, 200k rows) and a worse one on Avazu, whose small validation split is noisy
-    (bench/README.md); more pays where validation is large and the peak comes mid-epoch."""
+    (bench/README.md). Measured again with early stopping (docs/bench/early_stopping.md, 3
+    seeds): 2 or 4 kept a worse model on test than 1 on Avazu and MIND (+0.009 to +0.036 macro NE)
+    and a better one on Douban (-0.011 to -0.015), so 1 was chosen; on Criteo, Taobao and the
+    demo data 4 with `early_stopping_patience` 2 was better (-0.0012 to -0.0026). More pays where
+    validation is large and the peak comes mid-epoch; raise the patience to 2 with it (at 0 or
+    1 the noise between quarter-epoch points stopped runs too early)."""
     lr_dense: float = Field(default=1e-3, gt=0)
     """Adam learning rate of the dense parameters (interaction layers, MLPs, projections); see
     `lr_decay_to`."""
@@ -581,10 +586,18 @@ class Training(Strict):
     test_fraction: float = Field(default=0.1, gt=0, lt=1)
     """With `split.kind: hash`: the share of examples in the test split, held out from training and
     validation; reported metrics are measured on it."""
-    early_stopping_patience: int = Field(default=2, ge=0)
+    early_stopping_patience: int = Field(default=0, ge=0)
     """Validations in a row (see `evals_per_epoch`; epochs at its default of 1) without a better
-    validation macro NE that training tolerates: it stops after patience + 1 of them (0: at the
-    first). The best validation's weights are kept either way. Raise it with `evals_per_epoch`."""
+    validation macro NE that training tolerates: it stops after patience + 1 of them, so 0 (the
+    default) stops at the first validation that does not beat the best so far (a tie is no gain).
+    The best validation's weights are kept either way; the run's summary, metrics.json
+    (`training`), `lattice train` and the report say which validation was kept and why training
+    stopped. 0 by measurement (docs/bench/early_stopping.md): chosen on Avazu, MIND and Douban (3
+    seeds, curves of 8 epochs), where a longer patience never kept a better model and 0 took
+    0.67-0.78x the training time of a full 3-epoch run (2.0-2.3 epochs when 8 were allowed);
+    confirmed on Criteo, Taobao and the demo data, with the same kept model. With the tables frozen
+    after the first epoch a validation NE that has risen did not come back down. Raise it with
+    `evals_per_epoch` above 1, or where later epochs still help after a worse one."""
     nproc: int = Field(default=0, ge=0)
     """Training processes (torchrun ranks) that share the embedding tables; 1 trains in the calling
     process without sharding. `--nproc` overrides it. 0 (the default) chooses from the machine: one
@@ -645,6 +658,12 @@ class Training(Strict):
     bins of ~50 positives made monotone), `none`. Every map is monotone; cells under
     `calibration_min_positives` get Platt. Platt is the default: the best test NE on every sample
     measured (bench/README.md), and no ties between rows the network ranked apart."""
+    calibration_choice: Literal["validated", "always"] = "validated"
+    """`validated`: a cell keeps its calibration map only where the map, fitted on one half of the
+    cell's validation rows and judged on the other (both ways), improves validation NE beyond noise
+    (the paired bootstrap's one-sided 90% bound below 0); elsewhere the cell scores uncalibrated, in
+    every path. `always`: every cell's map applies (the step before: on the demo it moved 9 of 25
+    test cells further from calibrated, on Taobao one beyond noise). See docs/bench/calibration.md."""
     calibration_min_positives: int = Field(default=200, ge=0)
     """Validation positives a cell needs for the isotonic or histogram map; below it the cell gets
     the two-parameter Platt map (a cell with no positives or no negatives keeps the identity)."""
@@ -1033,6 +1052,9 @@ class PlatformConfig(Strict):
     """Parameters of the built-in log generator (`lattice synth`, `lattice demo`); absent for real
     data."""
     _source_file: str | None = PrivateAttr(default=None)
+    # the deployment profile's engines, resolved once for a run (lattice.deploy.profile.services):
+    # every stage of the run reads this value, none reads the profile file itself
+    _services: Any = PrivateAttr(default=None)
 
     @model_validator(mode="before")
     @classmethod
@@ -1159,12 +1181,6 @@ class PlatformConfig(Strict):
                 if need not in have:
                     out.append(("training.split.kind", "source", f"no source has 'split: {need}'; "
                                 "add one, or use another split kind"))
-        from lattice.config.rules_hashing import hashing_problems
-
-        out += hashing_problems(self)
-        from lattice.config.rules_tuning import space_problems
-
-        out += space_problems(self)
         t, st = self.models.teacher, self.models.student
         bigger = [k for k in ("embedding_dim", "table_scale", "num_layers", "num_tokens", "fm_rank", "domain_fm") if getattr(st, k) > getattr(t, k)]
         if bigger or sum(st.head_dims) > sum(t.head_dims):

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -25,35 +24,8 @@ import pandas as pd
 
 from lattice.config import PlatformConfig
 from lattice.config.timing import Market
-from lattice.data.synth_world import DOMAINS, WRITERS, World, _chunk, clear_parts, id_space
+from lattice.data.synth_world import DOMAINS, WRITERS, MarketDay, World, _chunk, clear_parts, id_space  # noqa: F401 (MarketDay: its home is the world the chunks are drawn from)
 from lattice.progress import progress_bar
-
-
-@dataclass
-class MarketDay:
-    """One day's state of the market, read by `synth._chunk`."""
-
-    index: int
-    known_users: int  # ids [0, known_users) existed before this day
-    known_ads: int
-    new_users: tuple[int, int]  # [lo, hi): ids first seen today
-    new_ads: tuple[int, int]
-    new_share: float
-    click_shift: np.ndarray  # (3,) added to each domain's click logit
-    price_scale: float = 1.0
-    activity_scale: float = 1.0
-
-    def draw_ids(self, world: World, rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
-        def draw(cdf: np.ndarray, known: int, new: tuple[int, int]) -> np.ndarray:
-            # Zipf over the ids known before today: scale the uniform draw into their share of the cdf
-            ids = np.searchsorted(cdf, rng.random(n) * cdf[known - 1])
-            lo, hi = new
-            if hi > lo:
-                fresh = rng.random(n) < self.new_share
-                ids[fresh] = rng.integers(lo, hi, int(fresh.sum()))
-            return ids
-
-        return draw(world.user_cdf, self.known_users, self.new_users), draw(world.ad_cdf, self.known_ads, self.new_ads)
 
 
 def market_days(market: Market, days: int, base_users: int, base_ads: int, seed: int) -> list[MarketDay]:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -15,9 +14,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from lattice.config.schema import Synthetic
-
-if TYPE_CHECKING:
-    from lattice.data.synth_market import MarketDay
 
 K = 4  # latent dimension
 N_SEGMENTS = 20
@@ -202,3 +198,30 @@ def clear_parts(folder: Path) -> None:
     for day in folder.glob("date=*"):
         if day.is_dir() and not any(day.iterdir()):
             day.rmdir()
+
+
+@dataclass
+class MarketDay:
+    """One day's state of the market, drawn by `lattice.data.synth_market.market_days`, read by `_chunk`."""
+
+    index: int
+    known_users: int  # ids [0, known_users) existed before this day
+    known_ads: int
+    new_users: tuple[int, int]  # [lo, hi): ids first seen today
+    new_ads: tuple[int, int]
+    new_share: float
+    click_shift: np.ndarray  # (3,) added to each domain's click logit
+    price_scale: float = 1.0
+    activity_scale: float = 1.0
+
+    def draw_ids(self, world: World, rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
+        def draw(cdf: np.ndarray, known: int, new: tuple[int, int]) -> np.ndarray:
+            # Zipf over the ids known before today: scale the uniform draw into their share of the cdf
+            ids = np.searchsorted(cdf, rng.random(n) * cdf[known - 1])
+            lo, hi = new
+            if hi > lo:
+                fresh = rng.random(n) < self.new_share
+                ids[fresh] = rng.integers(lo, hi, int(fresh.sum()))
+            return ids
+
+        return draw(world.user_cdf, self.known_users, self.new_users), draw(world.ad_cdf, self.known_ads, self.new_ads)

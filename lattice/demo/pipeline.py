@@ -71,13 +71,17 @@ def _run_step(ctx, step, specs) -> dict[str, Any]:
     """One step through the DAGs' executor. A gate that says no is an outcome here, not a failure:
     the report shows the decision and every reason, and the serving check goes on with the champion
     (a second demo in the same workdir may well keep the first champion)."""
-    from lattice.orchestration.task_runner import GateRejected, execute
+    from lattice.orchestration.task_runner import GateRejected, NotYet, execute
 
     try:
         return execute(ctx, step, specs)
     except GateRejected as exc:
         if step.gate:
             return exc.result
+        raise
+    except NotYet as exc:  # a windowed challenger whose next day is not in the table: judged later
+        if step.gate:
+            return {"stage": step.stage, "summary": {"decision": "wait", "passed": False, "reason": str(exc)}}
         raise
 
 

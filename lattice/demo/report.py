@@ -139,6 +139,21 @@ def metrics_rows(report: dict[str, Any]) -> list[list[Any]]:
     return rows
 
 
+def training_rows(report: dict[str, Any]) -> list[list[Any]]:
+    """Per trained model: epochs run of those planned, the validation whose weights were kept and
+    why training ended (history.json's `stop`, lattice.training.stopping.reason)."""
+    rows = []
+    for m in _models(report):
+        stop = (report["models"][m].get("history") or {}).get("stop")
+        if not stop:  # a tree baseline, or a model trained before runs recorded it
+            continue
+        kept = stop.get("kept") or {}
+        rows.append([m, f"{stop.get('epochs_run')} of {stop.get('epochs_planned')}",
+                     "early stop" if stop.get("stopped_early") else "all epochs",
+                     kept.get("epoch"), kept.get("validation"), kept.get("val_macro_ne"), stop.get("stop_reason")])
+    return rows
+
+
 def comparison_rows(report: dict[str, Any]) -> list[list[Any]]:
     """One row per model pair: NE(B) - NE(A) macro with its paired bootstrap 95% interval and
     verdict, and which cells go which way."""
@@ -161,14 +176,21 @@ def comparison_rows(report: dict[str, Any]) -> list[list[Any]]:
 
 
 def calibration_rows(report: dict[str, Any]) -> list[list[Any]]:
-    """Per model and cell: the calibration stage's map and the test calibration / ECE before -> after."""
+    """Per model and cell: the calibration stage's map (kept or dropped by the per-cell choice), the
+    test calibration / ECE before -> after, and a flag where the step moved the test calibration
+    further from 1 beyond noise (lattice.evaluation.report.calibration_table)."""
+    from lattice.evaluation.report import calibration_table
+
     rows = []
-    for m in _models(report):
+    table = calibration_table({m: report["models"][m] for m in _models(report)})
+    for m, t in table.items():
         cal = report["models"][m].get("calibration") or {}
-        for cell, c in sorted(cal.get("cells", {}).items()):
-            t = c.get("test") or {}
-            b, a = t.get("before", {}), t.get("after", {})
-            rows.append([m, cell, c.get("fit"), t.get("positives"), b.get("calibration"), a.get("calibration"), b.get("ece"), a.get("ece")])
+        for cell, v in sorted(t["cells"].items()):
+            test = (cal.get("cells", {}).get(cell) or {}).get("test") or {}
+            kept = "kept" if v["kept"] else f"dropped ({v['candidate']})"
+            flag = {True: "FLAG: further from 1", False: "no", None: "n/a"}[v["moved_away"]]
+            rows.append([m, cell, v["fit"], kept, test.get("positives"), v["calibration_before"], v["calibration_after"], flag,
+                         v["ece_before"], v["ece_after"]])
     return rows
 
 
@@ -237,12 +259,17 @@ def render_html(report: dict[str, Any]) -> str:
         parts.append(f"<p>Every model was trained, validated and tested on one split: {html.escape(str(h['split']))}.</p>")
     parts.append(_table(metrics_rows(report), ["model", "cell", "NE", "AUC", "calibration", "oracle NE"]))
     if calibration_rows(report):
-        parts.append("<h3>Calibration stage (fitted per cell on the validation split, measured on test)</h3>")
-        parts.append(_table(calibration_rows(report), ["model", "cell", "map", "test positives", "calibration before", "after",
-                                                       "ECE before", "after"]))
+        parts.append("<h3>Calibration stage (fitted per cell on the validation split, kept only where it improved validation NE beyond noise, measured on test)</h3>")
+        parts.append(_table(calibration_rows(report), ["model", "cell", "map", "choice", "test positives", "calibration before",
+                                                       "after", "moved away from 1 beyond noise", "ECE before", "after"]))
     if comparison_rows(report):
         parts.append("<h3>Model pairs on the same test rows: NE(B) &minus; NE(A), paired bootstrap 95% interval</h3>")
         parts.append(_table(comparison_rows(report), ["B vs A", "macro NE diff", "95% interval", "verdict", "cells"]))
+
+    if training_rows(report):
+        parts.append("<h3>Training: the validation kept and why each run stopped</h3>")
+        parts.append(_table(training_rows(report), ["model", "epochs run", "ended by", "kept epoch", "validation in epoch",
+                                                    "validation macro NE", "why"]))
 
     for title, fn in (("Training curves", plot_training_curves), ("NE per cell", plot_ne_bars),
                       ("Calibration", plot_reliability), ("Student vs teacher cost", plot_cost)):

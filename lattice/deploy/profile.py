@@ -181,10 +181,26 @@ def read_profile(path: Path) -> Services:
 
 
 def services(config: PlatformConfig) -> Services:
-    """The engines this config's stages use (`EMBEDDED` unless `deployment.profile: scale-out`)."""
-    if config.deployment.profile == "embedded":
-        return EMBEDDED
-    return read_profile(profile_path(config))
+    """The engines this config's stages use (`EMBEDDED` unless `deployment.profile: scale-out`).
+
+    Resolved once per loaded config and kept on it: a run context (`task_runner.RunContext`, which
+    the DAG tasks, the demo and `lattice run` build) resolves it before its first step, so every
+    stage of the run reads the same engines (copies of the config, such as a domain subset, keep
+    them) and none reads the profile file again, even if the file changes during the run."""
+    bound = getattr(config, "_services", None)
+    # a copy made with another `deployment` section (model_copy keeps private values) resolves anew
+    if bound is not None and bound[0] == config.deployment:
+        return bound[1]
+    resolved = EMBEDDED if config.deployment.profile == "embedded" else read_profile(profile_path(config))
+    bind(config, resolved)
+    return resolved
+
+
+def bind(config: PlatformConfig, svc: Services) -> PlatformConfig:
+    """Give `config` the engines a run resolved (a config reloaded with a step's own `--set` keys
+    keeps its run's engines); returns it."""
+    config._services = (config.deployment, svc)
+    return config
 
 
 def write_profile(path: Path, profile: dict) -> None:

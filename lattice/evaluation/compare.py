@@ -106,6 +106,20 @@ def _verdict(lo: float, hi: float) -> str:
     return "B better" if hi < 0 else "A better"
 
 
+def poisson_sums(m: np.ndarray, resamples: int = RESAMPLES, seed: int = 0) -> np.ndarray:
+    """(rows, k) per-row values -> (resamples, k) column sums of Poisson(1)-bootstrap resamples of
+    the rows (one count per row and resample, shared by every column: the columns stay paired)."""
+    table = _poisson_table()
+    rng = np.random.default_rng(seed)
+    sums = np.zeros((resamples, m.shape[1]))
+    m32 = np.asarray(m, np.float32)  # float32 products within a block, float64 sums across blocks
+    for start in range(0, len(m32), BLOCK_ROWS):
+        block = m32[start:start + BLOCK_ROWS]
+        counts = table[rng.integers(0, 1 << _TABLE_BITS, size=(resamples, len(block)), dtype=np.uint16)]
+        sums += (counts @ block).astype(np.float64)
+    return sums
+
+
 def paired_bootstrap(config: PlatformConfig, a: pd.DataFrame, b: pd.DataFrame, resamples: int = RESAMPLES, seed: int = 0,
                      level: float = LEVEL) -> dict[str, Any]:
     """NE(B) - NE(A) per cell, per objective (mean over its cells) and macro (mean over every cell
@@ -114,15 +128,7 @@ def paired_bootstrap(config: PlatformConfig, a: pd.DataFrame, b: pd.DataFrame, r
     a, b = aligned(a, b)
     cells, m = _columns(config, a, b)
     point = _ne_gap(m.sum(axis=0))
-    table = _poisson_table()
-    rng = np.random.default_rng(seed)
-    sums = np.zeros((resamples, m.shape[1]))
-    m32 = m.astype(np.float32)  # float32 products within a block, float64 sums across blocks
-    for start in range(0, len(m), BLOCK_ROWS):
-        block = m32[start:start + BLOCK_ROWS]
-        counts = table[rng.integers(0, 1 << _TABLE_BITS, size=(resamples, len(block)), dtype=np.uint16)]
-        sums += (counts @ block).astype(np.float64)
-    gaps = _ne_gap(sums)  # (resamples, cells)
+    gaps = _ne_gap(poisson_sums(m, resamples, seed))  # (resamples, cells)
     q = [(1 - level) / 2 * 100, (1 + level) / 2 * 100]
     defined = ~np.isnan(point)
     out_cells = {}

@@ -1,5 +1,6 @@
 """Evaluation report: one JSON with every model's per-cell metrics side by side plus the oracle,
-each model's calibration stage (test calibration and ECE before / after per cell), the paired
+each model's calibration stage (per cell: map kept or dropped and why, test calibration and ECE
+before / after, flagged where the step moved it further from 1 beyond noise), the paired
 bootstrap NE difference of every pair of models, and two plots (per-cell NE bars, training curves)."""
 
 from __future__ import annotations
@@ -31,18 +32,47 @@ def comparison(config: PlatformConfig, metrics: dict[str, dict]) -> dict:
 
 
 def calibration_table(metrics: dict[str, dict]) -> dict[str, dict]:
-    """model -> cell -> the calibration stage's map and its test calibration / ECE before and after
-    (models trained with `training.calibration: none` have none)."""
+    """model -> cell -> the calibration stage's map, whether the per-cell choice kept it (and why),
+    its test calibration / ECE before and after, and `moved_away`: the step moved the test
+    calibration further from 1 beyond noise (lattice.evaluation.calibration_shift). Models trained
+    with `training.calibration: none` have none; models trained before the choice existed have
+    every map kept and no shift recorded (None)."""
     out = {}
     for name, m in metrics.items():
         cal = m.get("calibration")
         if not cal:
             continue
-        out[name] = {"method": cal.get("method"), "cells": {
-            cell: {"fit": c.get("fit"), **{f"{k}_{part}": (c.get("test") or {}).get(part, {}).get(k)
-                                           for part in ("before", "after") for k in ("calibration", "ece")}}
-            for cell, c in cal.get("cells", {}).items()}}
+        cells = {}
+        for cell, c in cal.get("cells", {}).items():
+            test, choice = c.get("test") or {}, c.get("choice") or {}
+            shift = test.get("shift") or {}
+            cells[cell] = {"fit": c.get("fit"), "candidate": c.get("candidate", c.get("fit")),
+                           "kept": choice.get("kept", True), "reason": choice.get("reason"),
+                           "val_ne_before": choice.get("val_ne_before"), "val_ne_after": choice.get("val_ne_after"),
+                           **{f"{k}_{part}": test.get(part, {}).get(k)
+                              for part in ("before", "after") for k in ("calibration", "ece")},
+                           "distance_change": shift.get("distance_change"), "distance_change_interval":
+                               [shift.get("low"), shift.get("high")] if shift else None,
+                           "moved_away": shift.get("moved_away") if shift else None}
+        out[name] = {"method": cal.get("method"), "choice": cal.get("choice", "always"),
+                     "moved_away": sorted(c for c, v in cells.items() if v["moved_away"]), "cells": cells}
     return out
+
+
+def calibration_lines(table: dict[str, dict]) -> list[str]:
+    """The evaluation summary's calibration part: per model, the cells whose map was kept and any
+    cell whose test calibration the step moved further from 1 beyond noise (flagged)."""
+    lines = []
+    for name, t in table.items():
+        kept = [c for c, v in t["cells"].items() if v["kept"] and v["fit"] not in ("identity", "none")]
+        lines.append(f"{name}: calibration ({t['method']}, {t['choice']}) applied in {len(kept)} of {len(t['cells'])} cells"
+                     + (f" ({', '.join(kept)})" if kept else ""))
+        for cell in t["moved_away"]:
+            v = t["cells"][cell]
+            lo, hi = v["distance_change_interval"]
+            lines.append(f"    FLAG {cell}: test calibration {v['calibration_before']:.3f} -> {v['calibration_after']:.3f}, "
+                         f"further from 1 by {v['distance_change']:+.3f} [{lo:+.3f}, {hi:+.3f}] (beyond noise)")
+    return lines
 
 
 def _signed(x: float | None) -> str:
@@ -112,9 +142,12 @@ def write_report(config: PlatformConfig, out: Path, metrics: dict[str, dict], hi
 
     # the deep models against the tree baselines, cell by cell (None without a tree model)
     comp["vs_trees"] = versus_trees(metrics, comparisons)
+    calibration = calibration_table(metrics)
     report = {"models": list(metrics), "split": describe(config), **comp, "metrics": metrics,
-              "calibration": calibration_table(metrics), "comparisons": comparisons or [],
+              "calibration": calibration, "comparisons": comparisons or [],
+              # per deep model: the validation kept and why training stopped (lattice.training.stopping)
+              "training": {name: m["training"] for name, m in metrics.items() if m.get("training")},
               "plots": {"ne_by_cell": str(out / "ne_by_cell.png"), "training_curves": str(out / "training_curves.png")}}
     (out / "evaluation.json").write_text(json.dumps(report, indent=1, default=lambda x: None))
     return {"models": list(metrics), "macro": comp["macro"], "report": str(out / "evaluation.json"), "plots": report["plots"],
-            "comparisons": comparisons or [], "vs_trees": comp["vs_trees"]}
+            "comparisons": comparisons or [], "vs_trees": comp["vs_trees"], "calibration": calibration}

@@ -13,6 +13,10 @@ from lattice.data.split import Split, split_mask
 from lattice.paths import Paths
 
 
+class DayNotInTable(ValueError):
+    """The day a windowed challenger is judged on has no rows yet: its features run has not come."""
+
+
 def load_window(config: PlatformConfig, paths: Paths, split: Split = "test", max_rows: int | None = 200_000, seed: int = 0,
                 day: str | None = None) -> pd.DataFrame:
     """`day` (YYYY-MM-DD): the rows of that day instead of a split (next-day judgment)."""
@@ -32,7 +36,7 @@ def load_window(config: PlatformConfig, paths: Paths, split: Split = "test", max
                                                preserve_index=False), {})
         frame = frame[DaySplits({day: "test"}).split_of(dates, None, "test")]
         if frame.empty:
-            raise ValueError(f"no rows of {day} in {table}: the challenger is judged on the day after its training "
+            raise DayNotInTable(f"no rows of {day} in {table}: the challenger is judged on the day after its training "
                              f"window, which the table does not hold yet; run the features stage for {day} first")
     else:
         stored = frame["split"].astype(str) if "split" in frame else None

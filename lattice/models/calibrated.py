@@ -10,6 +10,11 @@ module it saves. The maps are fitted by `lattice.training.calibration` on the va
 A map is given by knots x_0 < ... < x_{K-1} (raw logits), values y_0 <= ... <= y_{K-1}
 (calibrated logits) and two tail slopes: linear between knots, linear with slope `lo` below x_0
 and `hi` above x_{K-1}. Identity is x = y = [-1, 1] with both slopes 1.
+
+A cell without a map (none fitted, or its map dropped by the per-cell choice of
+`lattice.training.calibration`: `method` "none" or "identity") passes its logits through exactly:
+the identity's knots would return them up to float32 rounding only, and a cell the platform
+decided not to calibrate scores the raw network's probability bit for bit in every path.
 """
 
 # no `from __future__ import annotations`: FX codegen and TorchScript need real annotation objects
@@ -21,6 +26,8 @@ from torch import nn
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 IDENTITY: Dict[str, Any] = {"method": "identity", "x": [-1.0, 1.0], "y": [-1.0, 1.0], "lo": 1.0, "hi": 1.0}
+PASS_THROUGH = ("identity", "none")
+"""A cell's `method` that means no map: its logits pass through unchanged."""
 
 
 def piecewise(z: torch.Tensor, domain: torch.Tensor, xs: torch.Tensor, ys: torch.Tensor, lo: torch.Tensor,
@@ -75,6 +82,8 @@ class CellCalibration(nn.Module):
         self.register_buffer("ys", ys)
         self.register_buffer("lo", torch.tensor([[float(c["lo"]) for c in row] for row in grid], dtype=torch.float32))
         self.register_buffer("hi", torch.tensor([[float(c["hi"]) for c in row] for row in grid], dtype=torch.float32))
+        self.register_buffer("applied", torch.tensor([[c.get("method") not in PASS_THROUGH for c in row] for row in grid],
+                                                     dtype=torch.bool))
 
     def forward(self, logits: Dict[str, torch.Tensor], domain: torch.Tensor) -> Dict[str, torch.Tensor]:
         out: Dict[str, torch.Tensor] = {}
@@ -82,7 +91,8 @@ class CellCalibration(nn.Module):
             out[name] = z
         for i, o in enumerate(self.objectives):
             if o in logits:
-                out[o] = piecewise(logits[o], domain, self.xs[i], self.ys[i], self.lo[i], self.hi[i])
+                mapped = piecewise(logits[o], domain, self.xs[i], self.ys[i], self.lo[i], self.hi[i])
+                out[o] = torch.where(self.applied[i][domain], mapped, logits[o])
         return out
 
 

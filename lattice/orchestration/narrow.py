@@ -58,4 +58,5 @@ def narrow_config(config: PlatformConfig, domains: list[str] | None = None,
     # aggregates may count a dropped objective's labels: they stay, as model inputs
     narrowed = PlatformConfig.model_validate(data)
     narrowed._source_file = config.source_file
+    narrowed._services = config._services  # the run's engines, resolved once (lattice.deploy.profile)
     return narrowed

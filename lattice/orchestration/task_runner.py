@@ -98,6 +98,11 @@ def check_params(params: dict[str, Any], specs: list[ParamSpec]) -> None:
         raise DeterministicError(f"unknown params {unknown}; this DAG takes {sorted(known)}")
 
 
+class NotYet(TaskError):
+    """The step's input is a day that has not arrived (a windowed challenger is judged on the day
+    after its window): not a failure and not a rejection; the run that brings the day does it."""
+
+
 class OutsideRange(TaskError):
     """A scheduled or backfilled day that lies outside the config's `time_range` (what may be
     processed): nothing to do, and the DAG marks the task skipped rather than failed."""
@@ -212,6 +217,17 @@ class RunContext:
     extra: dict[str, Any] = field(default_factory=dict)
     """Keywords handed to every stage that takes them (e.g. progress=False)."""
 
+    def __post_init__(self) -> None:
+        # the deployment profile, resolved here once for every step (a missing or unreadable
+        # scale-out profile fails the run before its first stage, naming the file); the stages
+        # read the engines bound to the config (lattice.deploy.profile.services)
+        from lattice.deploy.profile import ProfileError, services
+
+        try:
+            self.services = services(self.config)
+        except ProfileError as exc:
+            raise DeterministicError(f"config {self.config.name!r}: {exc}") from None
+
     def params_for(self, task: TaskSpec, specs: list[ParamSpec]) -> dict[str, Any]:
         """The parameters of the task's DAG form: the run's, narrowed to what the form declares."""
         known = {p.name for p in specs}
@@ -288,7 +304,12 @@ def execute(ctx: RunContext, task: TaskSpec, specs: list[ParamSpec]) -> dict[str
     if sets and ctx.config_file is None:
         raise DeterministicError(f"task {task.task_id!r}: params {sorted(task.config_sets)} set config keys, which needs "
                                  "the run's config file")
-    config = _load(ctx.config_file, [*ctx.overrides, *sets]) if sets else ctx.config
+    if sets:
+        from lattice.deploy.profile import bind
+
+        config = bind(_load(ctx.config_file, [*ctx.overrides, *sets]), ctx.services)
+    else:
+        config = ctx.config
     stage = task.stage
     if task.switch and params.get(task.switch[0]):
         stage = task.switch[1]
@@ -335,6 +356,10 @@ def execute(ctx: RunContext, task: TaskSpec, specs: list[ParamSpec]) -> dict[str
             run_paths.discard()  # the previous model folder stays as it was
         if isinstance(exc, TaskError):
             raise
+        from lattice.export.window import DayNotInTable
+
+        if isinstance(exc, DayNotInTable):
+            raise NotYet(f"task {task.task_id!r} waits: {exc}") from None
         cls = DeterministicError if is_deterministic(exc) else TaskError
         again = " (not retried: the same input fails the same way)" if cls is DeterministicError else ""
         raise cls(f"stage {stage!r} failed for config {config.name!r}{again}: {type(exc).__name__}: {exc}") from exc

@@ -16,11 +16,27 @@ Methods (`training.calibration`):
     place of the isotonic blocks.
 A cell with fewer than `min_positives` validation positives gets Platt (the two-parameter map that
 small data supports), one with no positives or no negatives the identity.
+
+The map is then chosen, not imposed (`training.calibration_choice: validated`, the default): each
+cell keeps its map only where it improves validation NE beyond noise, judged out of fold. The
+cell's validation rows are dealt into two folds at random (seeded), stratified by label so both
+halves hold the cell's rate and a half's map is not judged on the halves' chance difference; the
+map fitted on one fold scores the other, so every row gets a calibrated logit from a map that
+never saw its label. The paired bootstrap (lattice.evaluation.compare) of NE(cross-fitted) -
+NE(raw) on the cell's rows gives an interval (`CHOICE_LEVEL`); the map stays when the whole
+interval is below 0 (it helps with 90% one-sided confidence) and is otherwise replaced by the
+identity (the cell scores uncalibrated everywhere: eager, exported, served). Judging on the rows
+the map was fitted on instead is optimistic (bench/bench_calibration_choice.py measures both).
+The map kept is the one fitted on all the validation rows. Each cell records the decision and its
+figures under `choice`; a dropped cell's fitted map stays under `candidate`, and its own knots are
+the identity's, so a reader of the maps written before this step existed (which applies every
+cell's knots) also scores it raw.
 """
 
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any
 
 import numpy as np
@@ -31,6 +47,21 @@ from lattice.config import PlatformConfig
 from lattice.evaluation.metrics import auc, calibration, expected_calibration_error, ne
 
 METHODS = ("none", "platt", "isotonic", "histogram")
+CHOICES = ("validated", "always")
+MAPS_VERSION = 2
+"""1 (no `version` key): every cell's knots applied. 2: cells carry `choice`; a dropped cell's
+knots are the identity's and its fitted map is under `candidate` (both versions load alike)."""
+CHOICE_FOLDS = 2
+CHOICE_RESAMPLES = 400
+"""Bootstrap resamples of the choice: the rule reads the interval's upper end (the 90th percentile)."""
+CHOICE_LEVEL = 0.8
+"""Two-sided level of the paired interval whose upper end must lie below 0 for a map to stay: the
+cross-fitted NE change is below 0 with 90% one-sided confidence. Measured with
+bench/bench_calibration_choice.py (levels 0.95 / 0.9 / 0.8 / 0.6 / point, chosen on the demo and
+Taobao, confirmed on Avazu and Criteo; docs/bench/calibration.md): 0.95 dropped 16 of 18 Taobao
+maps, most of which helped on test (macro test NE 0.9014 against 0.8978 always applied); 0.8
+keeps the maps that clearly help (0.8993) and, like every level, moved no cell's test
+calibration away from 1 beyond noise, where always applying moved one."""
 MAX_KNOTS = 256
 """Knots per cell at most (two per block; adjacent blocks are merged by mass beyond it): the
 artifact's lookup reads (batch, knots) values per objective."""
@@ -196,16 +227,118 @@ def fit_cell(z: np.ndarray, y: np.ndarray, method: str, min_positives: int = 0) 
             "lo": slope, "hi": slope, "slope": slope, "intercept": intercept, **info}
 
 
-def fit_maps(config: PlatformConfig, frame: pd.DataFrame, method: str, min_positives: int = 0) -> dict[str, Any]:
+def apply_cell(cell: dict[str, Any], z: np.ndarray) -> np.ndarray:
+    """One cell's map on raw logits `z` in numpy: the function `models.calibrated.piecewise` computes
+    (linear between knots, the tail slopes beyond them), for choosing without building a module."""
+    z = np.asarray(z, np.float64)
+    x, y = np.asarray(cell["x"], np.float64), np.asarray(cell["y"], np.float64)
+    out = np.interp(z, x, y)
+    out = np.where(z < x[0], y[0] + (z - x[0]) * float(cell["lo"]), out)
+    return np.where(z > x[-1], y[-1] + (z - x[-1]) * float(cell["hi"]), out)
+
+
+def _cells(config: PlatformConfig, frame: pd.DataFrame) -> dict[str, np.ndarray]:
+    """cell -> boolean row selection of `frame` (its domain's rows where the objective is labelled)."""
+    return {f"{d}/{o}": ((frame["domain"] == d) & (frame[f"mask_{o}"] > 0)).to_numpy() for d, o in config.cells()}
+
+
+def _stratified_folds(y: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """A fold per row, at random but with the positives (and the negatives) dealt out evenly: an
+    unstratified split of a cell with 300 positives put 180 in one half and 121 in the other
+    (Taobao), and the level a half's map learns then misses the other half's rate by the two
+    halves' own difference, noise that the map fitted on every row does not have."""
+    fold = np.empty(len(y), np.int64)
+    for value in (0, 1):
+        rows = np.flatnonzero((y > 0.5) == bool(value))
+        start = int(rng.integers(CHOICE_FOLDS))  # which fold gets an odd class's extra row
+        fold[rows[rng.permutation(len(rows))]] = (np.arange(len(rows)) + start) % CHOICE_FOLDS
+    return fold
+
+
+def judged_logits(config: PlatformConfig, frame: pd.DataFrame, maps: dict[str, Any], method: str, min_positives: int,
+                  judge: str = "crossfit", seed: int = 0) -> dict[str, np.ndarray]:
+    """objective -> the logits the choice judges each validation row by. `crossfit`: the row's
+    cell's map fitted on the other fold (`CHOICE_FOLDS` random folds per cell); `insample`: the
+    map of `maps` (fitted on every row, its own included: optimistic, kept to measure how much)."""
+    out = {o: frame[f"z_{o}"].to_numpy(np.float64).copy() for o in config.objective_names}
+    rng = np.random.default_rng(seed)
+    for cell, sel in _cells(config, frame).items():
+        o = cell.split("/", 1)[1]
+        rows = np.flatnonzero(sel)
+        z, y = out[o][rows], frame[f"label_{o}"].to_numpy(np.float64)[rows]
+        if judge == "insample":
+            out[o][rows] = apply_cell(maps["cells"][cell], z)
+            continue
+        if judge != "crossfit":
+            raise ValueError(f"unknown judge {judge!r}; use crossfit or insample")
+        fold = _stratified_folds(y, rng)
+        for k in range(CHOICE_FOLDS):
+            fit, held = fold != k, fold == k
+            if held.any() and fit.any():
+                out[o][rows[held]] = apply_cell(fit_cell(z[fit], y[fit], method, min_positives), z[held])
+    return out
+
+
+def choose(config: PlatformConfig, frame: pd.DataFrame, maps: dict[str, Any], method: str, min_positives: int,
+           judge: str = "crossfit", seed: int = 0, level: float = CHOICE_LEVEL) -> dict[str, dict[str, Any]]:
+    """cell -> the decision on its map: kept (validation NE better beyond noise, judged by
+    `judge`) or dropped, validation NE before / after, the paired interval and the reason."""
+    from lattice.evaluation.compare import paired_bootstrap
+
+    judged = judged_logits(config, frame, maps, method, min_positives, judge, seed)
+    base = frame[["example_id", "domain"] + [f"{k}_{o}" for o in config.objective_names for k in ("label", "mask")]]
+    raw = base.assign(**{f"p_{o}": _sigmoid(frame[f"z_{o}"].to_numpy(np.float64)) for o in config.objective_names})
+    cal = base.assign(**{f"p_{o}": _sigmoid(judged[o]) for o in config.objective_names})
+    with warnings.catch_warnings():  # the macro mean of resamples where a tiny cell has no NE: unused here
+        warnings.simplefilter("ignore", RuntimeWarning)
+        gaps = paired_bootstrap(config, raw, cal, resamples=CHOICE_RESAMPLES, seed=seed, level=level)["cells"]
+    out = {}
+    for cell, sel in _cells(config, frame).items():
+        o = cell.split("/", 1)[1]
+        y = frame.loc[sel, f"label_{o}"].to_numpy(np.float64)
+        g = gaps[cell]
+        entry = {"judge": judge, "level": level, "val_ne_before": ne(y, raw.loc[sel, f"p_{o}"].to_numpy()),
+                 "val_ne_after": ne(y, cal.loc[sel, f"p_{o}"].to_numpy()), "ne_diff": g["ne_diff"], "low": g["low"],
+                 "high": g["high"]}
+        fitted = maps["cells"][cell]["method"]
+        if fitted == "identity":
+            entry.update(kept=True, reason="no positives or no negatives on validation: the identity")
+        elif g["high"] == g["high"] and g["high"] < 0:
+            entry.update(kept=True, reason=f"{judge} validation NE {g['ne_diff']:+.4f}, {level:.0%} interval "
+                                           f"[{g['low']:+.4f}, {g['high']:+.4f}] below 0")
+        else:
+            entry.update(kept=False, reason=f"{judge} validation NE {g['ne_diff']:+.4f}, {level:.0%} interval "
+                                            f"[{g['low']:+.4f}, {g['high']:+.4f}] not below 0: within noise or worse")
+        out[cell] = entry
+    return out
+
+
+def fit_maps(config: PlatformConfig, frame: pd.DataFrame, method: str, min_positives: int = 0, choice: str | None = None,
+             judge: str = "crossfit", seed: int = 0, level: float = CHOICE_LEVEL) -> dict[str, Any]:
     """Maps for every cell from validation rows: `frame` has domain, z_<o> (raw logits),
-    label_<o>, mask_<o> (and example_id). What `lattice.models.calibrated.CellCalibration` takes."""
+    label_<o>, mask_<o> (and example_id). What `lattice.models.calibrated.CellCalibration` takes.
+    `choice` (default `training.calibration_choice`): `validated` keeps a cell's map only where it
+    improves validation NE beyond noise (see the module docstring), `always` keeps every map."""
+    choice = choice or config.training.calibration_choice
+    if choice not in CHOICES:
+        raise ValueError(f"unknown calibration choice {choice!r}; use one of {CHOICES}")
     cells = {}
-    for d, o in config.cells():
-        sel = ((frame["domain"] == d) & (frame[f"mask_{o}"] > 0)).to_numpy()
-        cells[f"{d}/{o}"] = fit_cell(frame.loc[sel, f"z_{o}"].to_numpy(), frame.loc[sel, f"label_{o}"].to_numpy(), method,
-                                     min_positives)
-    return {"method": method, "min_positives": int(min_positives), "domains": list(config.domain_names),
-            "objectives": list(config.objective_names), "cells": cells}
+    for cell, sel in _cells(config, frame).items():
+        o = cell.split("/", 1)[1]
+        cells[cell] = fit_cell(frame.loc[sel, f"z_{o}"].to_numpy(), frame.loc[sel, f"label_{o}"].to_numpy(), method,
+                               min_positives)
+    maps = {"version": MAPS_VERSION, "method": method, "min_positives": int(min_positives), "choice": choice,
+            "domains": list(config.domain_names), "objectives": list(config.objective_names), "cells": cells}
+    if choice == "validated":
+        for cell, decision in choose(config, frame, maps, method, min_positives, judge, seed, level).items():
+            fitted = cells[cell]
+            if decision["kept"]:
+                cells[cell] = {**fitted, "choice": decision}
+            else:  # the identity's knots: every reader of the maps, old or new, scores this cell raw
+                cells[cell] = {"method": "none", "x": [-1.0, 1.0], "y": [-1.0, 1.0], "lo": 1.0, "hi": 1.0,
+                               "n": fitted["n"], "positives": fitted["positives"], "choice": decision,
+                               "candidate": {k: v for k, v in fitted.items() if k not in ("n", "positives")}}
+    return maps
 
 
 @torch.no_grad()
@@ -225,13 +358,18 @@ def _quality(y: np.ndarray, p: np.ndarray) -> dict[str, float]:
 
 
 def effect(config: PlatformConfig, frame: pd.DataFrame, before: dict[str, np.ndarray], after: dict[str, np.ndarray]) -> dict[str, dict]:
-    """Per cell: rows, positives and calibration (sum p / sum y), ECE, NE, AUC before and after."""
+    """Per cell: rows, positives and calibration (sum p / sum y), ECE, NE, AUC before and after,
+    and `shift`: whether the step moved the calibration away from 1 beyond noise
+    (lattice.evaluation.calibration_shift)."""
+    from lattice.evaluation.calibration_shift import calibration_shift
+
     out = {}
-    for d, o in config.cells():
-        sel = ((frame["domain"] == d) & (frame[f"mask_{o}"] > 0)).to_numpy()
+    for cell, sel in _cells(config, frame).items():
+        o = cell.split("/", 1)[1]
         y = frame.loc[sel, f"label_{o}"].to_numpy(np.float64)
-        out[f"{d}/{o}"] = {"n": int(sel.sum()), "positives": int(y.sum()),
-                           "before": _quality(y, before[o][sel]), "after": _quality(y, after[o][sel])}
+        out[cell] = {"n": int(sel.sum()), "positives": int(y.sum()),
+                     "before": _quality(y, before[o][sel]), "after": _quality(y, after[o][sel]),
+                     "shift": calibration_shift(y, before[o][sel], after[o][sel])}
     return out
 
 
@@ -240,11 +378,19 @@ def summary(maps: dict[str, Any], validation: dict[str, dict], test: dict[str, d
     cells = {}
     for cell, m in maps["cells"].items():
         cells[cell] = {"fit": m["method"], "knots": len(m["x"]), "validation": validation.get(cell), "test": test.get(cell)}
+        if "choice" in m:
+            cells[cell]["choice"] = m["choice"]
+            cells[cell]["candidate"] = (m.get("candidate") or {}).get("method", m["method"])
     finite = [c for c in cells.values() if c["test"] and c["test"]["positives"] > 0]
 
     def mean(part: str, key: str) -> float:
         xs = [c["test"][part][key] for c in finite if c["test"][part][key] == c["test"][part][key]]
         return float(np.mean(xs)) if xs else math.nan
 
-    return {"method": maps["method"], "min_positives": maps["min_positives"], "cells": cells,
+    moved = sorted(c for c, v in cells.items() if ((v["test"] or {}).get("shift") or {}).get("moved_away"))
+    return {"method": maps["method"], "min_positives": maps["min_positives"], "choice": maps.get("choice", "always"),
+            # cells whose map acts on the scores (an identity map, for a cell without positives or
+            # negatives, does not)
+            "kept": sorted(c for c, m in maps["cells"].items() if m["method"] not in ("identity", "none")),
+            "test_moved_away": moved, "cells": cells,
             "macro_test": {part: {k: mean(part, k) for k in ("ece", "ne")} for part in ("before", "after")}}

@@ -6,13 +6,17 @@ rendezvous endpoint; each node runs `torchrun --nnodes N --node-rank i --rdzv-ba
 With `local_nodes` every node's launcher starts here (loopback "nodes", for tests and trials);
 otherwise `lattice train CONFIG --node-rank i` starts node i on the machine it runs on.
 
-torchrun ends its other ranks when one dies (`--max-restarts 0`) and prints a "Root Cause"
-summary naming the global rank, its local rank and exit code; `failure_from` reads it back so
-the error names the rank, its node and the command that resumes from the last checkpoint.
+torchrun ends its other ranks when one dies (`--max-restarts 0`). A rank that raises writes
+torchelastic's error file (the worker's entry point is wrapped in `errors.record`) under the run's
+`--log-dir`: `rank_errors` reads those files, so the error names the exception and the line that
+raised it. A rank killed by a signal writes none; for it the launcher's "Root Cause" summary
+(global rank, local rank, exit code) is read back by `failure_from`. Either way the message names
+the rank, its node and the command that resumes from the last checkpoint.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import shlex
@@ -55,13 +59,16 @@ class Launch:
         return self.nnodes * self.nproc_per_node
 
     def command(self, spec_path: Path, node_rank: int = 0) -> list[str]:
-        """Node `node_rank`'s command for the training worker of `spec_path`."""
-        return self.torchrun(node_rank) + ["-m", "lattice.training.worker", str(spec_path)]
+        """Node `node_rank`'s command for the training worker of `spec_path`; its ranks' error
+        files go under `error_dir(spec_path, node_rank)`."""
+        return self.torchrun(node_rank, error_dir(spec_path, node_rank)) + ["-m", "lattice.training.worker", str(spec_path)]
 
-    def torchrun(self, node_rank: int = 0) -> list[str]:
+    def torchrun(self, node_rank: int = 0, log_dir: Path | None = None) -> list[str]:
         """Node `node_rank`'s torchrun launcher and its options, without the script it runs
         (the benchmarks start their own script with the same layout)."""
         head = [sys.executable, "-m", "torch.distributed.run"]
+        if log_dir is not None:
+            head += ["--log-dir", str(log_dir)]
         if self.rdzv_endpoint is None:  # the embedded command of every release so far
             return head + [f"--nproc_per_node={self.nproc_per_node}", "--nnodes=1", "--master_addr=127.0.0.1",
                            f"--master_port={free_port()}"]
@@ -116,6 +123,44 @@ class Failure:
         return f"rank {self.rank} (node {node}, local rank {self.local_rank}) died: {how}"
 
 
+ERRORS_DIR = "rank_errors"
+
+
+def error_dir(spec_path: Path, node_rank: int) -> Path:
+    """Where node `node_rank`'s torchrun keeps its ranks' error files for the run of `spec_path`."""
+    return spec_path.parent / ERRORS_DIR / f"node{node_rank}"
+
+
+@dataclass(frozen=True)
+class RankError:
+    """One rank's exception, from torchelastic's error file."""
+
+    node: int
+    local_rank: int
+    message: str  # "ValueError: ..."
+    traceback: str
+    timestamp: int
+
+    def describe(self) -> str:
+        where = next((ln.strip() for ln in reversed(self.traceback.splitlines()) if ln.strip().startswith("File ")), "")
+        return f"node {self.node}, local rank {self.local_rank} raised {self.message}" + (f" ({where})" if where else "")
+
+
+def rank_errors(folder: Path, node: int) -> list[RankError]:
+    """The error files torchrun's ranks wrote under `folder` (its --log-dir), first failure first:
+    `<run>/attempt_<n>/<local rank>/error.json`."""
+    found = []
+    for f in sorted(Path(folder).glob("*/attempt_*/*/error.json")):
+        try:
+            data = json.loads(f.read_text())["message"]
+            extra = data.get("extraInfo", {})
+            found.append(RankError(node, int(f.parent.name), str(data["message"]), str(extra.get("py_callstack", "")),
+                                   int(extra.get("timestamp", 0) or 0)))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # a file cut short by the kill that followed; the launcher's summary still names the rank
+    return sorted(found, key=lambda e: e.timestamp)
+
+
 def failure_from(tail: list[str], node: int | None = None) -> Failure | None:
     """The root-cause rank of torchrun's failure summary in `tail` (its stderr's last lines)."""
     found = [Failure(int(m[1]), int(m[2]), int(m[3]), node) for m in _ROOT.finditer("\n".join(tail))]
@@ -131,9 +176,17 @@ def pick(failures: list[Failure]) -> Failure | None:
 class RankFailed(RuntimeError):
     """A torchrun rank died; the message names it and how to resume."""
 
-    def __init__(self, model: str, launch: Launch, failure: Failure | None, code: int, resume: str, detail: str = ""):
+    def __init__(self, model: str, launch: Launch, failure: Failure | None, code: int, resume: str, detail: str = "",
+                 error: RankError | None = None):
         self.model, self.launch, self.failure, self.code, self.resume = model, launch, failure, code, resume
-        who = failure.describe(launch.nproc_per_node) if failure else "a rank failed (see the rank logs above)"
+        self.error = error
+        killed = failure is not None and failure.exitcode < 0
+        # the rank's own exception, from its error file; a rank killed by a signal wrote none, and
+        # the exceptions of its peers (a broken collective) follow from it, so it is named instead
+        if error is not None and not killed:
+            who = error.describe()
+        else:
+            who = failure.describe(launch.nproc_per_node) if failure else "a rank failed (see the rank logs above)"
         super().__init__(f"torchrun training of {model!r} on {launch.world} ranks ({launch.nnodes} node(s)) failed "
                          f"(exit {code}): {who}. Resume from the last checkpoint with: {resume}{detail}")
 

@@ -38,7 +38,7 @@ from lattice.models.saved import rebuild, saved_blob
 from lattice.models.cost import model_cost
 from lattice.models.remap import table_capacity_notes
 from lattice.progress import progress_bar
-from lattice.training import calibration, checkpoint
+from lattice.training import calibration, checkpoint, stopping
 from lattice.training import distributed as D
 from lattice.training.fp8_run import Fp8Run
 from lattice.training.loss import mdmo_loss
@@ -60,6 +60,7 @@ class TrainState:
     best_step: int = -1  # global step of the best validation, whose weights `Trainer.best` holds
     bad_evals: int = 0  # validations in a row without a better macro NE (early-stopping patience)
     stopped: bool = False  # early-stopped (a resume from the checkpoint then goes straight to finish)
+    stop_reason: str = ""  # why training ended and which validation it kept (stopping.reason), once it has
     epoch_steps: int = 0  # steps of a finished epoch (0 before the first ends): spaces the validations
     eval_seconds: float = 0.0  # time spent validating, all epochs
     evals: list = field(default_factory=list)  # one entry per validation: step, epoch, val NE per cell, macro
@@ -328,22 +329,37 @@ class Trainer:
         finite = [v for v in val.values() if v == v]
         macro = float(np.mean(finite)) if finite else math.inf
         steps = st.epoch_steps or self.estimated_epoch_steps
+        tr = self.config.training
         st.evals.append({"step": st.global_step, "epoch": st.epoch + 1,
+                         "validation": sum(1 for e in st.evals if e["epoch"] == st.epoch + 1) + 1,
                          "epochs_done": round(st.epoch + min(1.0, st.step_in_epoch / steps), 4),
                          "val_ne": val, "val_macro_ne": macro})
-        if macro < st.best_ne:
-            st.best_ne, st.best_epoch, st.best_step, st.bad_evals = macro, st.epoch + 1, st.global_step, 0
+        verdict = stopping.observe(st.best_ne, st.bad_evals, macro, tr.early_stopping_patience)
+        st.bad_evals = verdict.bad_evals
+        if verdict.best:
+            st.best_ne, st.best_epoch, st.best_step = macro, st.epoch + 1, st.global_step
             self.best = D.clone_state(self.model.state_dict())
-        else:
-            st.bad_evals += 1
         st.eval_seconds += time.perf_counter() - t
-        stop = st.bad_evals > self.config.training.early_stopping_patience
-        if stop:
+        if verdict.stop:
             st.stopped = True
+            st.stop_reason = self._stop_reason()
             if self.rank == 0:
-                print(f"[lattice] early stop at step {st.global_step}: no validation gain for {st.bad_evals} "
-                      f"validation(s); keeping step {st.best_step}", flush=True)
-        return stop
+                print(f"[lattice] early stop: {st.stop_reason}", flush=True)
+        return verdict.stop
+
+    def _stop_reason(self) -> str:
+        st, tr = self.state, self.config.training
+        return stopping.reason(st.evals, st.best_step, st.stopped, tr.early_stopping_patience, tr.evals_per_epoch,
+                               self.spec.epochs)
+
+    def stop_record(self) -> dict:
+        """What the run's outputs say about its end: the kept validation and why training stopped."""
+        st = self.state
+        kept = next((e for e in st.evals if e["step"] == st.best_step), None)
+        return {"stopped_early": st.stopped, "stop_reason": st.stop_reason or self._stop_reason(),
+                "epochs_run": st.epoch, "epochs_planned": self.spec.epochs,
+                "kept": {k: kept[k] for k in ("epoch", "validation", "step", "epochs_done", "val_macro_ne") if k in kept}
+                if kept else None}
 
     def _set_dense_lr(self, step: int) -> None:
         """Linear decay from lr_dense to lr_dense * lr_decay_to over the planned steps; a function
@@ -421,6 +437,8 @@ class Trainer:
             self.save_checkpoint()
             if stop:
                 break
+        if not st.stopped:  # every planned epoch ran (an early stop wrote its reason when it happened)
+            st.stop_reason = self._stop_reason()
         return True
 
     # ------------------------------------------------------------ outputs
@@ -497,9 +515,10 @@ class Trainer:
         best = next((e for e in st.evals if e["step"] == st.best_step), st.evals[-1] if st.evals else None)
         out = {"model": self.spec.model, "kind": self.kind, "split": "validation", "best_epoch": st.best_epoch,
                "best_step": st.best_step, "global_steps": st.global_step, "world_size": self.world,
-               "val_macro_ne": st.best_ne, "val_ne": best["val_ne"] if best else {}}
+               "val_macro_ne": st.best_ne, "val_ne": best["val_ne"] if best else {}, **self.stop_record()}
         (self.dir / "val_metrics.json").write_text(json.dumps(out, indent=1))
-        (self.dir / "history.json").write_text(json.dumps({"epochs": st.history, "evals": st.evals, "steps": st.steps}, indent=1))
+        (self.dir / "history.json").write_text(json.dumps({"epochs": st.history, "evals": st.evals, "steps": st.steps,
+                                                           "stop": self.stop_record()}, indent=1))
         return {**out, "macro": {"val_ne": st.best_ne}, "cost": None}
 
     def finish(self) -> dict | None:
@@ -535,7 +554,7 @@ class Trainer:
             (self.dir / "lineage.json").write_text(json.dumps(self.spec.lineage, indent=1))
         metrics.update({"model": self.spec.model, "kind": self.kind, "cost": cost, "best_epoch": self.state.best_epoch,
                         "best_step": self.state.best_step, "global_steps": self.state.global_step,
-                        "world_size": self.world, "test_examples": int(len(preds))})
+                        "world_size": self.world, "test_examples": int(len(preds)), "training": self.stop_record()})
         if maps is not None:
             before = calibration.calibrated_probabilities(self.config, validation, None)
             after = calibration.calibrated_probabilities(self.config, validation, stage)
@@ -545,7 +564,7 @@ class Trainer:
                                    {o: preds[f"p_{o}"].to_numpy() for o in self.config.objective_names}))
         (self.dir / "metrics.json").write_text(json.dumps(metrics, indent=1))
         (self.dir / "history.json").write_text(json.dumps({"epochs": self.state.history, "evals": self.state.evals,
-                                                           "steps": self.state.steps}, indent=1))
+                                                           "steps": self.state.steps, "stop": self.stop_record()}, indent=1))
         return metrics
 
     def close(self) -> None:
@@ -577,7 +596,7 @@ def run(spec: RunSpec) -> dict:
                        "best_epoch": trainer.state.best_epoch, "best_step": trainer.state.best_step,
                        "global_steps": trainer.state.global_step, "eval_seconds": trainer.state.eval_seconds,
                        "macro": out["macro"], "cost": out["cost"], "history": trainer.state.history,
-                       "evals": trainer.state.evals, "threads": trainer.threads}
+                       "evals": trainer.state.evals, "threads": trainer.threads, **trainer.stop_record()}
             (trainer.dir / "summary.json").write_text(json.dumps(summary, indent=1))
             return summary
         return {}

@@ -166,6 +166,8 @@ def _run_torchrun(lay: launch.Launch, spec_path: Path, model: str, hint: str, no
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     if node_rank is not None and not 0 <= node_rank < lay.nnodes:
         raise ProfileError(f"--node-rank {node_rank}: the deployment profile has {lay.nnodes} node(s) (0..{lay.nnodes - 1})")
+    errors_root = spec_path.parent / launch.ERRORS_DIR
+    shutil.rmtree(errors_root, ignore_errors=True)  # an earlier run's files must not name this run's failure
     if lay.local_nodes and node_rank is None:
         results = launch.run_nodes([lay.command(spec_path, i) for i in range(lay.nnodes)], env, log)
         nodes = list(range(lay.nnodes))
@@ -175,9 +177,15 @@ def _run_torchrun(lay: launch.Launch, spec_path: Path, model: str, hint: str, no
     failures = [f for (code, tail), i in zip(results, nodes) if code != 0 and (f := launch.failure_from(tail, i))]
     codes = [code for code, _ in results if code != 0]
     if codes:
-        tails = [line for code, tail in results if code != 0 for line in tail]
-        last = "\nlast lines of the ranks' stderr:\n" + "\n".join(tails[-40:]) if tails else ""
-        raise launch.RankFailed(model, lay, launch.pick(failures), codes[0], hint, last)
+        errors = sorted((e for i in nodes for e in launch.rank_errors(launch.error_dir(spec_path, i), i)),
+                        key=lambda e: e.timestamp)
+        if errors:  # the first exception's traceback says more than the ranks' last stderr lines
+            last = "\ntraceback of the first failed rank:\n" + errors[0].traceback.rstrip()
+        else:  # killed by a signal: no error file, the stderr tail is all there is
+            tails = [line for code, tail in results if code != 0 for line in tail]
+            last = "\nlast lines of the ranks' stderr:\n" + "\n".join(tails[-40:]) if tails else ""
+        raise launch.RankFailed(model, lay, launch.pick(failures), codes[0], hint, last, errors[0] if errors else None)
+    shutil.rmtree(errors_root, ignore_errors=True)  # a model folder carries no empty launcher logs
 
 
 def score(config: PlatformConfig, paths: Paths, model: str, split: str = "all", out: str | Path | None = None,

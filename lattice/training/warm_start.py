@@ -28,15 +28,22 @@ import shutil
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
 from lattice.config import PlatformConfig
 from lattice.paths import Paths
 
-if TYPE_CHECKING:
-    from lattice.training.loop import Trainer
+
+
+class Trainer(Protocol):
+    """What a warm start loads into: the parts of `lattice.training.loop.Trainer` it writes (the
+    loop imports this module, so it is described here rather than imported)."""
+
+    model: Any  # the (sharded) model, with its fused sparse optimizer
+    dense_opt: torch.optim.Optimizer
+    rank: int
 
 log = logging.getLogger(__name__)
 

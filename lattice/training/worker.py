@@ -8,13 +8,22 @@ from pathlib import Path
 
 from lattice.relay import configure_child
 
-if __name__ == "__main__":
-    configure_child()  # first: the imports below warn too
+
+def main(spec_path: str) -> None:
+    from torch.distributed.elastic.multiprocessing.errors import record
+
     from lattice.training.loop import run
     from lattice.training.spec import RunSpec
 
+    # `record` writes torchelastic's error file (the exception and its traceback) before the
+    # exception goes on: the launcher reads it to name what failed (lattice.training.launch)
+    record(lambda: run(RunSpec.load(Path(spec_path))))()
+
+
+if __name__ == "__main__":
+    configure_child()  # first: the imports below warn too
     try:
-        run(RunSpec.load(Path(sys.argv[1])))
+        main(sys.argv[1])
     except KeyboardInterrupt:
         # Ctrl-C reaches every rank: one quiet exit each; the parent says how to resume
         sys.exit(130)

@@ -25,7 +25,7 @@ from lattice.deploy.profile import read_profile, write_profile
 from lattice.orchestration import scaleout_airflow
 from lattice.orchestration.airflow_env import free_port
 from lattice.orchestration.rest import AirflowClient
-from lattice.orchestration.tiny import write_tiny_config
+from tiny_dags import write_tiny_config
 
 ROOT = Path(__file__).resolve().parents[2]
 DAG = "tiny__train_teacher"

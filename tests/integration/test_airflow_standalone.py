@@ -19,7 +19,7 @@ import yaml
 from lattice.orchestration import standalone
 from lattice.orchestration.airflow_env import free_port
 from lattice.orchestration.rest import AirflowClient
-from lattice.orchestration.tiny import write_tiny_config
+from tiny_dags import write_tiny_config
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = "/usr/bin/chromium"

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from lattice.orchestration.airflow_env import apply_local_airflow_env, process_test_home
-from lattice.orchestration.tiny import write_tiny_config
+from tiny_dags import write_tiny_config
 
 ROOT = Path(__file__).resolve().parents[2]
 apply_local_airflow_env(process_test_home())  # before Airflow is imported anywhere in this process
@@ -78,6 +78,11 @@ def _run(dag, conf: dict | None = None):
     return dr
 
 
+# every check of the gate still runs (artifact, export, per-cell metrics), none can refuse a tiny model
+OPEN_GATE = {"max_ne_regression": 1.0, "calibration": [0.01, 100.0], "teacher_epsilon": 10.0, "max_latency_ms": 10000.0,
+             "max_artifact_mb": 10000.0, "floors": {"max_ne": 100.0, "min_auc": 0.0}}
+
+
 def _tiny(tmp: Path, **kw) -> Path:
     folder = tmp / "configs"
     write_tiny_config(ROOT / "configs" / "demo.yaml", folder, data_root=tmp / "raw", workdir=tmp / "work", name="tiny", **kw)
@@ -134,8 +139,11 @@ def test_whole_chain_with_an_added_domain_and_objective(airflow_db, monkeypatch,
     missing = _missing(CHAIN)
     assert not missing, f"stages the DAG chain runs are not registered in lattice/stages.py: {missing}"
     # Feast's file (dask) offline store here: the demo config uses the Spark one, so both stay tested
+    # a first model on a few thousand rows cannot be held to the demo's floors: the gate here is
+    # wide open, so this chain must promote (the rejection path is the next test's, on a fixed decision)
     dags = _dags(monkeypatch, _tiny(tmp_path, new_domain_and_objective=True,
-                                    overrides={"feature_store": {"offline_store": "file", "online_store": "sqlite"}}))
+                                    overrides={"feature_store": {"offline_store": "file", "online_store": "sqlite"},
+                                               "promotion": OPEN_GATE}))
     assert "search_mirror" in dags["tiny__features"].params.get_param("domains").schema["items"]["enum"]
     assert "deep_click" in dags["tiny__train_teacher"].params.get_param("objectives").schema["items"]["enum"]
 
@@ -157,16 +165,10 @@ def test_whole_chain_with_an_added_domain_and_objective(airflow_db, monkeypatch,
     assert student["model"] == "student" and student["challenger"] is True
 
     promote = dags["tiny__promote"].test(run_conf={"dry_run": False})
-    # the gate either moved the champion alias to this student (a green run) or failed its task
-    # with the reasons (a red run), keeping the decision in its 'decision' XCom
-    if str(promote.state) == "success":
-        decision = _xcom(promote, "gate_and_promote")["summary"]
-        assert decision["passed"] and decision["champion_after"] == student["version"]
-    else:
-        assert _states(promote) == {"gate_and_promote": "failed", "refresh_report": "upstream_failed"}
-        decision = _xcom(promote, "gate_and_promote", key="decision")["summary"]
-        assert not decision["passed"] and [r["message"] for r in decision["reasons"] if not r["passed"]]
-        assert decision["champion_after"] == decision["champion_before"]
+    assert _states(promote) == {"gate_and_promote": "success", "refresh_report": "success"}
+    decision = _xcom(promote, "gate_and_promote")["summary"]
+    assert decision["passed"] and decision["champion_before"] is None
+    assert decision["champion_after"] == student["version"]
     (artifacts / "dag_chain_promote.json").write_text(json.dumps(decision, indent=2, default=str))
 
 

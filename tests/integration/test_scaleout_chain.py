@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from lattice.config import load_config
-from lattice.orchestration.tiny import write_tiny_config
+from tiny_dags import write_tiny_config
 
 ROOT = Path(__file__).resolve().parents[2]
 ROWS = 6000

@@ -53,6 +53,10 @@ def test_validations_at_the_configured_steps(setup) -> None:
     one = cfg.model_copy(update={"training": tr.model_copy(update={"evals_per_epoch": 1})})
     s1 = train(one, paths, model="teacher@e1", nproc=1, epochs=2, progress=False)
     assert [e["step"] for e in s1["evals"]] == [first, 2 * first]
+    # patience 20 never runs out in 8 validations: the run says it used every epoch
+    assert s["stopped_early"] is False and s["epochs_run"] == 2
+    assert s["stop_reason"].startswith("all 2 planned epoch(s) ran; kept ")
+    assert [e["validation"] for e in s["evals"]] == [1, 2, 3, 4] * 2
 
 
 def test_keeps_the_best_validation_and_stops_on_patience(setup, monkeypatch) -> None:
@@ -81,6 +85,15 @@ def test_keeps_the_best_validation_and_stops_on_patience(setup, monkeypatch) -> 
     for k in kept:  # the kept best is a copy of the weights at that step: no arithmetic
         assert torch.equal(kept[k], snapshots[2][1][k]), k
     assert any(not torch.equal(kept[k], snapshots[-1][1][k]) for k in kept)  # training did go on past it
+    # the run's record says where it stopped and which validation it kept, in every output
+    import json
+
+    assert s["stopped_early"] is True and s["kept"]["epoch"] == 1 and s["kept"]["validation"] == 3
+    assert s["stop_reason"].startswith("patience ran out at epoch 2, validation 2 of 4")
+    assert "3 validation(s) in a row" in s["stop_reason"] and "kept epoch 1, validation 3 of 4" in s["stop_reason"]
+    d = paths.model_dir("teacher@best")
+    assert json.loads((d / "metrics.json").read_text())["training"]["stop_reason"] == s["stop_reason"]
+    assert json.loads((d / "history.json").read_text())["stop"]["stop_reason"] == s["stop_reason"]
 
 
 @pytest.mark.parametrize("cut", ["at_validation", "between"])

@@ -193,9 +193,17 @@ def test_trainer_predictions_equal_the_saved_model_and_metrics_record_before_aft
     single = pd.concat(got).set_index("example_id")
     for o in cfg.objective_names:
         np.testing.assert_allclose(single[o].to_numpy(), preds.loc[single.index, f"p_{o}"].to_numpy(), rtol=1e-5, atol=1e-7)
-        assert (preds[f"raw_p_{o}"] != preds[f"p_{o}"]).any()
     metrics = json.loads((folder / "metrics.json").read_text())
     cal = metrics["calibration"]
+    # the per-cell choice: a kept map acts on its cell, a dropped one leaves the raw probabilities
+    # (passed through, the same float32 values)
+    for cell, c in cal["cells"].items():
+        d, o = cell.split("/")
+        rows = (preds["domain"] == d).to_numpy()
+        same = preds.loc[rows, f"raw_p_{o}"].to_numpy() == preds.loc[rows, f"p_{o}"].to_numpy()
+        acts = c["choice"]["kept"] and c["fit"] != "identity"  # identity: a cell without positives or negatives
+        assert acts == (not same.all()), (cell, c["fit"], c["choice"])
+    assert cal["choice"] == "validated" and cal["kept"]
     assert cal["method"] == "isotonic" and set(cal["cells"]) == {f"{d}/{o}" for d, o in cfg.cells()}
     for cell, c in cal["cells"].items():
         assert {"before", "after"} <= set(c["test"]) and {"calibration", "ece", "ne"} <= set(c["test"]["after"])

@@ -13,7 +13,7 @@ from lattice.config import load_config
 from lattice.orchestration.locations import config_files
 from lattice.orchestration.spec import FAMILIES, dag_specs, defaults
 from lattice.orchestration.task_runner import TaskError, check_params, run_task, stage_kwargs
-from lattice.orchestration.tiny import write_tiny_config
+from tiny_dags import write_tiny_config
 
 ROOT = Path(__file__).resolve().parents[2]
 

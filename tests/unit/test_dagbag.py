@@ -194,3 +194,46 @@ def test_monitoring_rules_make_the_monitor_dag_start_retraining(monkeypatch, tmp
     [task] = monitor.tasks
     assert task.task_id == "monitor" and {o.name for o in task.outlets} == {"lattice.watched.retrain"}
     assert {"end", "lookback_days", "period"} == set(monitor.params.dump())
+
+
+def test_a_windowed_config_gates_again_when_the_next_day_arrives(monkeypatch, tmp_path: Path) -> None:
+    """training.window: the challenger is judged on the day after its window, which arrives with
+    the next features run, so the promote DAG runs on a new student or on new features."""
+    data = yaml.safe_load((ROOT / "configs" / "demo.yaml").read_text())
+    data["name"] = "daily"
+    data["training"]["window"] = "7d"
+    (tmp_path / "daily.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+    (tmp_path / "demo.yaml").write_text((ROOT / "configs" / "demo.yaml").read_text())
+    bag = _bag(monkeypatch, tmp_path)
+    assert bag.import_errors == {}
+    assert _assets(bag.dags["daily__promote"]) == {"lattice.daily.student", "lattice.daily.features"}
+    assert _assets(bag.dags["demo__promote"]) == {"lattice.demo.student"}
+
+
+def test_a_gate_whose_day_has_not_arrived_waits_instead_of_failing(monkeypatch, tmp_path: Path) -> None:
+    """The stage's 'no rows of that day' becomes NotYet (a skipped task in a DAG, a stop with exit 0
+    in `lattice run`), never a rejection or a retried crash."""
+    from lattice import stages
+    from lattice.config import load_config
+    from lattice.export.window import DayNotInTable
+    from lattice.orchestration.graph import steps_of
+    from lattice.orchestration.spec import dag_specs
+    from lattice.orchestration.task_runner import GateRejected, NotYet, RunContext, execute
+    from lattice.paths import Paths
+
+    cfg = load_config(ROOT / "configs" / "demo.yaml")
+    gate = next(s for s in steps_of(cfg, "promote") if s.gate)
+    specs = {d.family: d.params for d in dag_specs(cfg)}["promote"]
+    ctx = RunContext(cfg, Paths.for_config(cfg, tmp_path / "work"))
+
+    def waiting(config, paths, dry_run=False):
+        raise DayNotInTable("no rows of 2026-01-15 in the table")
+
+    def rejected(config, paths, dry_run=False):
+        return {"passed": False, "reasons": []}
+
+    real = stages.get_stage
+    for fake, error in ((waiting, NotYet), (rejected, GateRejected)):  # a real rejection stays one
+        monkeypatch.setattr(stages, "get_stage", lambda n, fake=fake: fake if n == gate.stage else real(n))
+        with pytest.raises(error, match="waits: no rows of 2026-01-15" if error is NotYet else ""):
+            execute(ctx, gate, specs)

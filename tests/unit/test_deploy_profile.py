@@ -92,3 +92,37 @@ def test_consumers_follow_the_profile_and_an_explicit_setting_wins(tmp_path, mon
 
     assert _profile_tracking_uri(cfg) == svc.mlflow_tracking_uri == f"http://127.0.0.1:{ls.DEFAULT_PORTS['mlflow']}"
     assert _profile_tracking_uri(load_config(ROOT / "configs" / "demo.yaml")) is None
+
+
+def test_a_run_resolves_the_profile_once_and_its_stages_read_that(tmp_path, monkeypatch):
+    """The run context reads the profile file before its first step; the Spark master, the Feast
+    store and the MLflow URI its stages ask for come from that one reading, even after the file
+    changed (or vanished) mid-run, and a domain subset's copy of the config keeps it."""
+    from features.repo import store_config
+    from lattice.orchestration.narrow import narrow_config
+    from lattice.orchestration.task_runner import RunContext
+    from lattice.paths import Paths
+    from lattice.registry.client import _profile_tracking_uri
+
+    path = _profile(tmp_path)
+    cfg = _scaleout(path)
+    ctx = RunContext(cfg, Paths.for_config(cfg, tmp_path / "work"))
+    master = ctx.services.spark_master
+    assert master.startswith("spark://")
+    path.unlink()  # what a stage reads from now on can only be the run's own resolution
+    sub = narrow_config(cfg, ["feed"], None)
+    assert resolve_master(None, sub) == master
+    assert store_config(sub, Paths.for_config(sub, tmp_path / "work"))["online_store"]["type"] == "redis"
+    assert _profile_tracking_uri(sub) == ctx.services.mlflow_tracking_uri
+    # a copy with another deployment section is not served the old resolution
+    with pytest.raises(ProfileError, match="does not exist"):
+        services(_scaleout(tmp_path / "other.json"))
+
+
+def test_a_run_with_a_missing_profile_fails_before_any_stage(tmp_path):
+    from lattice.orchestration.task_runner import DeterministicError, RunContext
+    from lattice.paths import Paths
+
+    cfg = _scaleout(tmp_path / "nope.json")
+    with pytest.raises(DeterministicError, match=r"nope.json.*infra/scale-out up"):
+        RunContext(cfg, Paths.for_config(cfg, tmp_path / "work"))

@@ -294,7 +294,7 @@ def test_cluster_rows_beyond_the_centre_cap_fill_every_row_deterministically() -
 def test_the_models_torch_lookup_agrees_with_the_reference(fitted_table) -> None:
     import torch
 
-    from lattice.hashing.modules import lookup_from_map
+    from lattice.hashing.base import lookup_from_map
 
     cfg, _, _, fitted = fitted_table
     ids, _ = _groups()

@@ -22,7 +22,7 @@ from lattice.config import load_config
 from lattice.config.schema import PlatformConfig, SparseFeature
 from lattice.config.summary import embedding_bytes
 from lattice.hashing.layout import budget_rows, mixed_layout, qr_split
-from lattice.hashing.modules import make_compression
+from lattice.hashing.registry import make_compression
 from lattice.hashing.store import FitMissingError
 from lattice.hashing.zch import ZCHRemap
 from lattice.models import build_model
@@ -266,9 +266,12 @@ def test_a_fitted_scheme_without_its_fit_names_the_fit_command(demo) -> None:
 
 
 def test_config_check_refuses_what_no_model_could_build(demo) -> None:
+    from lattice.config.loader import every_problem
+
     def problems(**keys) -> list[tuple[str, object, str]]:
         sparse = [demo.features.sparse[0].model_copy(update=keys), *demo.features.sparse[1:]]
-        return demo.model_copy(update={"features": demo.features.model_copy(update={"sparse": sparse})}).problems()
+        cfg = demo.model_copy(update={"features": demo.features.model_copy(update={"sparse": sparse})})
+        return [(p.path, p.value, p.message) for p in every_problem(cfg)]
 
     (p,) = problems(hashing="qr", qr_buckets=demo.features.sparse[0].num_embeddings)
     assert p[0] == "features.sparse[0].qr_buckets" and "qr_buckets <=" in p[2]

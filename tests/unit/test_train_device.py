@@ -4,6 +4,8 @@ multi-node torchrun commands from a scale-out profile, and reading torchrun's fa
 
 from __future__ import annotations
 
+import json
+
 from pathlib import Path
 
 import pytest
@@ -143,7 +145,47 @@ def test_failure_summary_names_rank_node_and_resume() -> None:
     lay = launch.Launch(2, 2, "127.0.0.1:1", True, "r")
     err = launch.RankFailed("teacher", lay, failure, 1, "lattice train c.yaml --model teacher --resume")
     assert "rank 3 (node 1, local rank 1) died: killed by signal 9" in str(err)
+    # the killed rank wrote no error file; its peer's (a broken collective) does not replace it
+    peer = launch.RankError(0, 0, "RuntimeError: Connection closed by peer", "", 5)
+    assert "killed by signal 9" in str(launch.RankFailed("teacher", lay, failure, 1, "r", error=peer))
     assert str(err).endswith("Resume from the last checkpoint with: lattice train c.yaml --model teacher --resume")
+
+
+@pytest.mark.slow
+def test_a_rank_that_raises_is_named_by_its_error_file(tmp_path) -> None:
+    """Two real ranks under torchrun whose run spec cannot be read: each rank's `record` writes
+    torchelastic's error file, and the failure names the exception and where it was raised
+    instead of quoting stderr; a later successful run would find no stale file."""
+    from lattice.training.stages import _run_torchrun
+
+    spec = tmp_path / "model" / "run_spec.json"
+    spec.parent.mkdir()
+    spec.write_text('{"not": "a run spec"}')
+    stale = launch.error_dir(spec, 0) / "old_x" / "attempt_0" / "0"
+    stale.mkdir(parents=True)
+    (stale / "error.json").write_text('{"message": {"message": "OldError: a previous run", "extraInfo": {"timestamp": "1"}}}')
+    lay = launch.Launch(1, 2, None, False, "r")
+    with pytest.raises(launch.RankFailed) as caught:
+        _run_torchrun(lay, spec, "teacher", "lattice train c.yaml --model teacher --resume", None)
+    err = caught.value
+    assert err.error is not None and err.error.node == 0 and err.error.local_rank in (0, 1)
+    assert "OldError" not in str(err)
+    assert f"node 0, local rank {err.error.local_rank} raised" in str(err)
+    assert "spec.py" in str(err) and "traceback of the first failed rank" in str(err)
+    assert len(launch.rank_errors(launch.error_dir(spec, 0), 0)) == 2  # one file per rank, both read
+
+
+def test_error_files_are_read_first_failure_first(tmp_path) -> None:
+    for rank, (ts, msg) in enumerate([(20, "RuntimeError: gloo connection closed"), (10, "ValueError: bad table")]):
+        f = tmp_path / "job_1" / "attempt_0" / str(rank) / "error.json"
+        f.parent.mkdir(parents=True)
+        f.write_text(json.dumps({"message": {"message": msg, "extraInfo": {
+            "py_callstack": f'Traceback:\n  File "/x/loop.py", line {rank + 7}, in run\n{msg}\n', "timestamp": str(ts)}}}))
+    (tmp_path / "job_1" / "attempt_0" / "2").mkdir()
+    (tmp_path / "job_1" / "attempt_0" / "2" / "error.json").write_text("{cut sho")  # killed mid-write: skipped
+    errors = launch.rank_errors(tmp_path, node=1)
+    assert [e.local_rank for e in errors] == [1, 0]
+    assert errors[0].describe() == 'node 1, local rank 1 raised ValueError: bad table (File "/x/loop.py", line 8, in run)'
 
 
 def test_nproc_zero_is_chosen_from_the_machine(config, monkeypatch) -> None:

@@ -1,4 +1,4 @@
-"""Tiny copies of a platform config for smoke runs of the DAGs (tests, `lattice airflow` try-outs):
+"""Tiny copies of a platform config for smoke runs of the DAGs in tests:
 same domains, objectives, sources and schedules, with small synthetic data, small models and one
 epoch, and every folder pointed somewhere disposable."""
 
