@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from lattice.orchestration.airflow_env import apply_local_airflow_env, process_test_home
-from lattice.orchestration.tiny import write_tiny_config
+from tiny_dags import write_tiny_config
 
 ROOT = Path(__file__).resolve().parents[2]
 apply_local_airflow_env(process_test_home())  # before Airflow is imported anywhere in this process

@@ -13,7 +13,7 @@ import pytest
 from lattice.config import load_config
 from lattice.orchestration.spec import SPARK_STAGES, TaskSpec, airflow_tasks, dag_specs
 from lattice.orchestration.task_runner import TaskError, run_steps
-from lattice.orchestration.tiny import write_tiny_config
+from tiny_dags import write_tiny_config
 
 ROOT = Path(__file__).resolve().parents[2]
 
