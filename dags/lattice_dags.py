@@ -2,8 +2,9 @@
 `<config>__features`, `<config>__train_teacher`, `<config>__distill`, `<config>__promote`, `<config>__tune`.
 
 This file only wires: what each DAG runs and which parameters it takes come from
-`lattice.orchestration.spec`, and every task calls a stage through `lattice.stages` in
-`lattice.orchestration.task_runner`. Heavy libraries (torch, Spark, Feast) are imported inside
+`lattice.orchestration.spec`, and every task calls its stage(s) through `lattice.stages` in
+`lattice.orchestration.task_runner`: one step a task, except that consecutive Spark steps (the
+features chain from consolidate to materialize) run in one task sharing one Spark session. Heavy libraries (torch, Spark, Feast) are imported inside
 tasks only, so this file parses in well under a second.
 
 An invalid config is skipped here (this file never fails, so the other configs' DAGs stay up) and
@@ -22,7 +23,7 @@ from airflow.sdk import Asset, Param, dag, get_current_context, task
 
 from lattice.config import PlatformConfig
 from lattice.orchestration.config_errors import load_configs
-from lattice.orchestration.spec import DagSpec, TaskSpec, dag_specs, form_values
+from lattice.orchestration.spec import AirflowTask, DagSpec, dag_specs, form_values
 
 log = logging.getLogger(__name__)
 
@@ -45,12 +46,13 @@ def assets_for(config: PlatformConfig) -> dict[str, Asset]:
             for kind in ("features", "teacher", "student", "retrain")}
 
 
-def _task(config_file: str, spec: DagSpec, t: TaskSpec, outlets: list[Asset]):
-    @task(task_id=t.task_id, outlets=outlets, doc_md=t.doc)
+def _task(config_file: str, spec: DagSpec, group: AirflowTask, outlets: list[Asset]):
+    @task(task_id=group.task_id, outlets=outlets, doc_md=group.doc)
     def run_stage() -> dict:
         from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
-        from lattice.orchestration.task_runner import DeterministicError, GateRejected, NotYet, OutsideRange, run_task
+        from lattice.orchestration.task_runner import (DeterministicError, GateRejected, NotYet, OutsideRange,
+                                                       run_steps, run_task)
         from lattice.quiet import library_notices
 
         library_notices()  # before the stage imports GE, torch, fbgemm: their chatter never reaches the log
@@ -58,8 +60,16 @@ def _task(config_file: str, spec: DagSpec, t: TaskSpec, outlets: list[Asset]):
         run = context.get("dag_run")
         run_type = getattr(getattr(run, "run_type", None), "value", getattr(run, "run_type", None))
         interval = (str(run_type) if run_type else None, context.get("data_interval_start"), context.get("data_interval_end"))
+        params = form_values(dict(context["params"]), spec.params)
+        t = group.last
         try:
-            result = run_task(config_file, t, form_values(dict(context["params"]), spec.params), spec.params, interval)
+            if len(group.steps) == 1:
+                result = run_task(config_file, t, params, spec.params, interval)
+            else:
+                results = run_steps(config_file, group.steps, params, spec.params, interval)
+                for step_id, step_result in results.items():  # each step's result, as its own task's was
+                    context["ti"].xcom_push(key=step_id, value=step_result)
+                result = results[t.task_id]
         except (OutsideRange, NotYet) as exc:  # nothing to do for this run: skipped, with the reason
             raise AirflowSkipException(str(exc)) from exc
         except GateRejected as exc:
@@ -119,8 +129,9 @@ def build(config_file: str, config: PlatformConfig, spec: DagSpec, assets: dict[
     )
     def family():
         previous = None
-        for t in spec.tasks:
-            current = _task(config_file, spec, t, [assets[t.outlet]] if t.outlet else [])
+        for group in spec.airflow_tasks:  # consecutive Spark steps share one task (one Spark session)
+            outlet = group.last.outlet
+            current = _task(config_file, spec, group, [assets[outlet]] if outlet else [])
             if previous is not None:
                 previous >> current
             previous = current

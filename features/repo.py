@@ -133,8 +133,11 @@ def _source(config: PlatformConfig, paths: Paths, agg_name: str):
     if config.feature_store.offline_store == "spark":
         from feast.infra.offline_stores.contrib.spark_offline_store.spark_source import SparkSource
 
-        return SparkSource(name=f"{agg_name}_source", path=path, file_format="parquet",
-                           timestamp_field="event_timestamp", created_timestamp_column="created")
+        from features.store import feast_experimental
+
+        with feast_experimental():
+            return SparkSource(name=f"{agg_name}_source", path=path, file_format="parquet",
+                               timestamp_field="event_timestamp", created_timestamp_column="created")
     from feast import FileSource
     from feast.data_format import ParquetFormat
 
@@ -180,8 +183,11 @@ def registered_services(paths: Paths) -> list:
         return []
     from feast import FeatureStore
 
+    from features.store import feast_experimental
+
     try:
-        return list(FeatureStore(repo_path=str(paths.feast_repo)).list_feature_services())
+        with feast_experimental():
+            return list(FeatureStore(repo_path=str(paths.feast_repo)).list_feature_services())
     except Exception:  # no registry yet: nothing was registered
         return []
 
@@ -189,6 +195,9 @@ def registered_services(paths: Paths) -> list:
 def apply_feature_service(config: PlatformConfig, paths: Paths, store, version: int, model: str = SERVABLE) -> str:
     """Apply the FeatureService of registered `model` version `version` (the config's feature
     views: what the model was trained on) to `store`; returns its name."""
-    service = feature_service(config, paths, version, model=model)
-    store.apply([service])  # partial: the other objects stay
+    from features.store import feast_experimental
+
+    with feast_experimental():
+        service = feature_service(config, paths, version, model=model)
+        store.apply([service])  # partial: the other objects stay
     return service.name

@@ -2,12 +2,33 @@
 
 from __future__ import annotations
 
+import contextlib
+import warnings
+from typing import Iterator
+
 from lattice.config import PlatformConfig
 from lattice.paths import Paths
 
 from features.repo import feature_refs, feature_service_name, write_repo
 
-__all__ = ["feature_service_name", "get_store", "online_features"]
+__all__ = ["feast_experimental", "feature_service_name", "get_store", "online_features"]
+
+# Feast's Spark offline store and SparkSource warn (RuntimeWarning) on every first use that they
+# are "an experimental feature in alpha development". The platform chose them knowingly (the
+# choice is in the config's feature_store.offline_store), so the notice tells a user nothing, and
+# printed by the warnings module it left a stray "  warnings.warn(" source line in `lattice demo`.
+EXPERIMENTAL = r"The spark (offline store|data source API) is an experimental feature"
+
+
+@contextlib.contextmanager
+def feast_experimental() -> Iterator[None]:
+    """Around a call into Feast's Spark offline store or SparkSource: its 'experimental' notice is
+    dropped, every other warning (Feast's included) still shows. A context, not a global filter,
+    because Feast's own import re-inserts `simplefilter("once", RuntimeWarning)` ahead of any rule
+    installed before it."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=EXPERIMENTAL, category=RuntimeWarning)
+        yield
 
 
 def get_store(config: PlatformConfig, paths: Paths):
@@ -24,11 +45,13 @@ def online_features(config: PlatformConfig, paths: Paths, entity_rows: list[dict
     the named FeatureService (a model version's), or every feature view of the config. Rows must
     carry every join key (an unknown entity gives None values)."""
     store = store or get_store(config, paths)
-    features = store.get_feature_service(service) if service else feature_refs(config)
+    with feast_experimental():
+        features = store.get_feature_service(service) if service else feature_refs(config)
     keys = [f.column for f in config.entity_features
             if any(a.entity == f.name for a in config.features.aggregates)]
     missing = [k for k in keys if any(k not in row for row in entity_rows)]
     if missing:
         raise ValueError(f"entity rows need the join keys {keys}; missing {missing}")
     rows = [{k: int(row[k]) for k in keys} for row in entity_rows]
-    return store.get_online_features(features=features, entity_rows=rows).to_dict()
+    with feast_experimental():
+        return store.get_online_features(features=features, entity_rows=rows).to_dict()

@@ -20,7 +20,7 @@ from lattice.data import schema as S
 from lattice.paths import Paths
 
 from features.repo import definitions, feature_refs, write_repo
-from features.store import get_store
+from features.store import feast_experimental, get_store
 from pipelines.aggregates import aggregate_path, entity_column, feature_columns
 from pipelines.consolidate import run_window
 from pipelines.spark import get_spark
@@ -33,12 +33,13 @@ def feast_apply(config: PlatformConfig, paths: Paths, start: str | None = None, 
     t0 = time.perf_counter()
     write_repo(config, paths)
     store = get_store(config, paths)
-    objs = definitions(config, paths)
-    store.apply(objs)
+    with feast_experimental():  # SparkSource objects are built here and again when read back
+        store.apply(definitions(config, paths))
+        views = [v.name for v in store.list_feature_views()]
     return {
         "stage": "feast_apply", "repo": str(paths.feast_repo), "project": store.project,
         "entities": [e.name for e in store.list_entities()],
-        "feature_views": [v.name for v in store.list_feature_views()],
+        "feature_views": views,
         "feature_services": sorted(s.name for s in store.list_feature_services()),
         "online_store": config.feature_store.online_store, "offline_store": config.feature_store.offline_store,
         "timings": {"total": round(time.perf_counter() - t0, 3)},
@@ -133,7 +134,8 @@ def feast_cross_check(config: PlatformConfig, paths: Paths, n: int) -> dict:
     if config.feature_store.offline_store == "spark":
         spark = get_spark(config=config)
         spark.createDataFrame(entity_df).createOrReplaceTempView("lattice_check_entities")
-        got = store.get_historical_features(entity_df="SELECT * FROM lattice_check_entities", features=service).to_df()
+        with feast_experimental():
+            got = store.get_historical_features(entity_df="SELECT * FROM lattice_check_entities", features=service).to_df()
     else:
         got = store.get_historical_features(entity_df=entity_df, features=service).to_df()
     import pandas as pd
@@ -185,7 +187,8 @@ def materialize(config: PlatformConfig, paths: Paths, start: str | None = None, 
     lo = dt.datetime.combine(config.time_range.start, dt.time(), tzinfo=dt.timezone.utc) - dt.timedelta(days=1)
     hi = dt.datetime.combine(config.time_range.end, dt.time(), tzinfo=dt.timezone.utc) + dt.timedelta(days=1)
     views = [a.name for a in config.features.aggregates]
-    store.materialize(start_date=lo, end_date=hi, feature_views=views)
+    with feast_experimental():
+        store.materialize(start_date=lo, end_date=hi, feature_views=views)
     return {"stage": "materialize", "feature_views": views, "online_store": config.feature_store.online_store,
             "start": lo.isoformat(), "end": hi.isoformat(), "timings": {"total": round(time.perf_counter() - t0, 3)}}
 

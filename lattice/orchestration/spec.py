@@ -8,14 +8,66 @@ objective therefore changes the DAGs with no code change.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from lattice.config import PlatformConfig
 from lattice.config.schema import Schedule
 from lattice.orchestration.graph import FAMILIES, AssetKind, Family, TaskSpec, steps_of
 
-__all__ = ["FAMILIES", "AssetKind", "DagSpec", "Family", "ParamSpec", "TaskSpec", "dag_id", "dag_specs", "defaults"]
+__all__ = ["FAMILIES", "AssetKind", "AirflowTask", "DagSpec", "Family", "ParamSpec", "TaskSpec", "dag_id", "dag_specs",
+           "defaults"]
+
+# Stages that open the platform's Spark session (or Feast's Spark offline store). Consecutive steps
+# of these run as one Airflow task: each task is a fresh process, and a Spark start there costs
+# ~19 s (bench/bench_spark_start.py), so five Spark tasks spent more time starting JVMs than
+# working on a small day; in one process every step reuses the session the first one started.
+SPARK_STAGES = frozenset({"consolidate", "aggregates", "feast_apply", "training_set", "hashing_fit", "materialize"})
+
+
+@dataclass(frozen=True)
+class AirflowTask:
+    """One task of a DAG: one step of the pipeline graph, or several consecutive Spark steps run in
+    order in one process (one Spark session). Only the last step may announce an asset, pass a
+    gate or emit on a condition, so a group succeeds or fails as its last step would."""
+
+    steps: tuple[TaskSpec, ...]
+
+    @property
+    def task_id(self) -> str:
+        if len(self.steps) == 1:
+            return self.steps[0].task_id
+        return f"{self.steps[0].task_id}_to_{self.steps[-1].task_id}"
+
+    @property
+    def last(self) -> TaskSpec:
+        return self.steps[-1]
+
+    @property
+    def doc(self) -> str:
+        if len(self.steps) == 1:
+            return self.steps[0].doc
+        lines = [f"{len(self.steps)} steps in one process sharing one Spark session (each step's start, "
+                 "summary and time are stage lines in this task's log; a retry reruns them all, each "
+                 "replacing its own output):"]
+        lines += [f"{i}. `{s.task_id}` (stage `{s.stage}`): {s.doc}" for i, s in enumerate(self.steps, 1)]
+        return "\n".join(lines)
+
+
+def airflow_tasks(steps: list[TaskSpec]) -> list[AirflowTask]:
+    """The DAG's tasks: each run of consecutive Spark steps is one task, every other step its own."""
+    out: list[list[TaskSpec]] = []
+    for step in steps:
+        spark = step.stage in SPARK_STAGES
+        if spark and out and out[-1][-1].stage in SPARK_STAGES and out[-1][-1].family == step.family:
+            out[-1].append(step)
+        else:
+            out.append([step])
+    for group in out:
+        early = [s.task_id for s in group[:-1] if s.outlet or s.gate or s.emit_if]
+        if early:  # an asset announced mid-group would start downstream DAGs before the group's end
+            raise ValueError(f"steps {early} announce an asset or pass a gate but are not last in their task")
+    return [AirflowTask(tuple(g)) for g in out]
 
 @dataclass(frozen=True)
 class ParamSpec:
@@ -38,7 +90,12 @@ class DagSpec:
     schedule: Schedule
     params: list[ParamSpec]
     tasks: list[TaskSpec]
-    """Run in order; each task starts when the previous one succeeded."""
+    """The graph's steps of this family, in order."""
+
+    @property
+    def airflow_tasks(self) -> list[AirflowTask]:
+        """What the DAG runs: the steps grouped into tasks, each starting when the previous one succeeded."""
+        return airflow_tasks(self.tasks)
 
     @property
     def tags(self) -> list[str]:
@@ -144,14 +201,47 @@ def _features_params(config: PlatformConfig) -> list[ParamSpec]:
     return params
 
 
+# on the form's first field of a DAG with a cron schedule: the form itself says what an unpause adds
+UNPAUSE_NOTE = ("Note: unpausing this DAG (the 'Unpause on trigger' box below) also starts one scheduled run now, for the "
+                "latest complete `{cron}` interval (UTC) with the default values, besides this run (one runs at a time).")
+
+
+def scheduling(schedule: Schedule) -> str:
+    """What Airflow runs for this schedule besides manual triggers: when, on which dates, what an
+    unpause starts, catch-up and backfill (the DAG's docs and the trigger form say it)."""
+    if schedule.cron:
+        return (f"**Schedule**: cron `{schedule.cron}` (UTC). A scheduled run works on the interval that just ended "
+                "(under `@daily`, the run at Jan 6 00:00 processes [Jan 5, Jan 6)), clipped to the config's "
+                "`time_range` (a day outside it is skipped), with this form's defaults. **Unpausing starts a run**: "
+                "when this DAG is unpaused, by its toggle or by the trigger form's *Unpause on trigger* box (ticked "
+                "by default on a paused DAG), Airflow 3 at once creates one scheduled run for the latest complete "
+                "interval (the dates the DAG page shows as its next run), besides the run you trigger, which waits "
+                "for it (one run at a time). **No catch-up** (`catchup=False`): intervals missed while paused or "
+                "while the scheduler was down are not run. **Backfill**: `airflow backfill create --dag-id <id> "
+                "--from-date A --to-date B` runs every interval in [A, B) as its own run on its own dates.")
+    if schedule.asset:
+        return (f"**Schedule**: a run starts when the `{schedule.asset}` asset is updated (updates that arrive "
+                "during a run start one more run after it). Unpausing starts no run by itself: updates made while "
+                "the DAG was paused are not queued. No catch-up and no backfill (a backfill needs a time schedule); "
+                "trigger it by hand to rerun.")
+    return "**Schedule**: manual triggers only; unpausing starts no run, and there is nothing to catch up or backfill."
+
+
 def _doc(config: PlatformConfig, family: Family, tasks: list[TaskSpec], schedule: Schedule) -> str:
     if schedule.cron:
         when = f"cron `{schedule.cron}`"
     else:
         when = f"updates of the `{schedule.asset}` asset" if schedule.asset else "manual triggers only"
     lines = [f"### {config.name} · {family}", "", config.description, "", f"Runs on {when} (config `schedules.{family}`).", ""]
-    lines += [f"1. `{t.task_id}` (stage `{t.stage}`): {t.doc}" for t in tasks]
+    for task in airflow_tasks(tasks):
+        if len(task.steps) == 1:
+            t = task.steps[0]
+            lines.append(f"1. `{t.task_id}` (stage `{t.stage}`): {t.doc}")
+        else:
+            lines.append(f"1. `{task.task_id}`: the steps below in one process, one Spark session:")
+            lines += [f"    1. `{t.task_id}` (stage `{t.stage}`): {t.doc}" for t in task.steps]
     lines += ["", f"Domains: {', '.join(config.domain_names)}. Objectives: {', '.join(config.objective_names)}."]
+    lines += ["", scheduling(schedule)]
     return "\n".join(lines)
 
 
@@ -203,6 +293,9 @@ def dag_specs(config: PlatformConfig) -> list[DagSpec]:
         description, params = families[family]
         tasks = steps_of(config, family)
         schedule = getattr(config.schedules, family)
+        if schedule.cron and params:
+            params = [replace(params[0], description=f"{params[0].description} {UNPAUSE_NOTE.format(cron=schedule.cron)}"),
+                      *params[1:]]
         out.append(DagSpec(dag_id(config.name, family), family, config.name, f"{config.name}: {description}",
                            _doc(config, family, tasks, schedule), schedule, params, tasks))
     return out

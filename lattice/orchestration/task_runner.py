@@ -251,6 +251,39 @@ def run_task(config_file: str | Path, task: TaskSpec, params: dict[str, Any], sp
     return execute(RunContext(config, paths_for(config), params, config_file=str(config_file)), task, specs)
 
 
+def run_steps(config_file: str | Path, steps, params: dict[str, Any], specs: list[ParamSpec],
+              interval: tuple[str | None, dt.datetime | None, dt.datetime | None] | None = None) -> dict[str, dict[str, Any]]:
+    """Run several steps of one DAG in order in this process (one Airflow task): the config is
+    loaded and the parameters checked once, and every Spark step reuses the session the first
+    one started. Each step logs a start line, its summary and its time, as a task of its own would.
+    Returns each step's result by step id; a failing step stops the rest (named in the log)."""
+    from lattice.orchestration.locations import paths_for
+
+    steps = list(steps)
+    params = dict(params or {})
+    check_params(params, specs)
+    config = _load(str(config_file), [])
+    if interval is not None:
+        params = interval_params(params, specs, *interval, config.time_range)
+        log.info("data interval of this %s run: [%s, %s)", interval[0], params.get("start"), params.get("end"))
+    ctx = RunContext(config, paths_for(config), params, config_file=str(config_file))
+    results: dict[str, dict[str, Any]] = {}
+    started = time.perf_counter()
+    for i, step in enumerate(steps, 1):
+        log.info("==> step %d/%d %s (stage %s)", i, len(steps), step.task_id, step.stage)
+        t = time.perf_counter()
+        try:
+            results[step.task_id] = execute(ctx, step, specs)
+        except BaseException:
+            left = [s.task_id for s in steps[i:]]
+            log.error("step %d/%d %s failed after %.1f s%s", i, len(steps), step.task_id, time.perf_counter() - t,
+                      f"; not run: {', '.join(left)}" if left else "")
+            raise
+        log.info("<== step %d/%d %s done in %.1f s", i, len(steps), step.task_id, time.perf_counter() - t)
+    log.info("%d steps done in %.1f s: %s", len(steps), time.perf_counter() - started, ", ".join(results))
+    return results
+
+
 def _load(config_file: str, sets: list[str]):
     from lattice.config import ConfigError, load_config
 

@@ -16,6 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 apply_local_airflow_env(process_test_home())  # before Airflow is imported anywhere in this process
 
 FEATURES = ["synth", "consolidate", "aggregates", "feast_apply", "training_set", "materialize"]
+SPARK_TASK = "consolidate_to_materialize"  # the features DAG's Spark steps, one task
 CHAIN = [*FEATURES, "train", "evaluate", "register", "distill", "export", "promote"]
 ROWS = 6000
 
@@ -96,10 +97,39 @@ def test_a_missing_stage_fails_its_task_and_stops_the_run(airflow_db, monkeypatc
     dr = dag.test(run_conf={"synthetic_rows": 3000})
     assert str(dr.state) == "failed"
     states = _states(dr)
-    assert states["synthesize_raw_logs"] == "success"
-    assert states["consolidate"] == "failed"
-    assert {states[t] for t in ("aggregates", "feast_apply", "training_set", "materialize")} == {"upstream_failed"}
+    # consolidate .. materialize are one task (one Spark session): it fails at its first step
+    assert states == {"synthesize_raw_logs": "success", SPARK_TASK: "failed"}
     assert (tmp_path / "raw" / "manifest.json").exists()
+
+
+def test_spark_steps_run_as_one_task_each_step_result_an_xcom(airflow_db, monkeypatch, tmp_path: Path) -> None:
+    """The features DAG's Spark steps are one Airflow task: they run in order in it, each step's
+    result is an XCom under the step's name, the task's own result is the last step's, and the
+    features asset is announced once, when the task ends. (Stand-in stages: the real ones run in
+    the whole-chain test below.)"""
+    from lattice import stages
+
+    real = stages.get_stage
+    ran: list[str] = []
+
+    def stand_in(name: str):
+        if name == "synth":
+            return real(name)
+
+        def stage(config, paths, **kw):
+            ran.append(name)
+            return {"stage": name, "rows_out": 10 * len(ran)}
+        return stage
+
+    monkeypatch.setattr(stages, "get_stage", stand_in)
+    dag = _dags(monkeypatch, _tiny(tmp_path))["tiny__features"]
+    assert [t.task_id for t in dag.topological_sort()] == ["synthesize_raw_logs", SPARK_TASK]
+    assert {o.name for o in dag.get_task(SPARK_TASK).outlets} == {"lattice.tiny.features"}
+    dr = _run(dag, {"synthetic_rows": 3000})
+    assert ran == ["consolidate", "aggregates", "feast_apply", "training_set", "materialize"]
+    for i, step in enumerate(ran, 1):
+        assert _xcom(dr, SPARK_TASK, key=step)["summary"] == {"stage": step, "rows_out": 10 * i}
+    assert _xcom(dr, SPARK_TASK)["stage"] == "materialize"
 
 
 def test_whole_chain_with_an_added_domain_and_objective(airflow_db, monkeypatch, tmp_path: Path, artifacts: Path) -> None:
@@ -118,10 +148,10 @@ def test_whole_chain_with_an_added_domain_and_objective(airflow_db, monkeypatch,
     assert "deep_click" in dags["tiny__train_teacher"].params.get_param("objectives").schema["items"]["enum"]
 
     features = _run(dags["tiny__features"], {"synthetic_rows": ROWS})
-    consolidated = _xcom(features, "consolidate")["summary"]
+    consolidated = _xcom(features, SPARK_TASK, key="consolidate")["summary"]
     assert consolidated["totals"]["rows_out"] > 0
     assert "search_mirror" in consolidated["domains"]
-    assert _xcom(features, "training_set")["summary"]["rows"] > 0
+    assert _xcom(features, SPARK_TASK, key="training_set")["summary"]["rows"] > 0
 
     teacher = _run(dags["tiny__train_teacher"], {"epochs": 1, "nproc": 1})
     report = json.loads(Path(_xcom(teacher, "evaluate_teacher")["summary"]["report"]).read_text())
@@ -195,7 +225,7 @@ def test_a_deterministic_error_fails_without_retries(airflow_db, monkeypatch, tm
     assert str(dr.state) == "failed"
     assert _states(dr)["synthesize_raw_logs"] == "failed"
     assert _try_numbers(dr)["synthesize_raw_logs"] == 1
-    assert _states(dr)["consolidate"] == "upstream_failed"
+    assert _states(dr)[SPARK_TASK] == "upstream_failed"
 
 
 def test_a_domain_subset_run_trains_on_that_subset(airflow_db, monkeypatch, tmp_path: Path) -> None:
