@@ -266,6 +266,9 @@ class Server:
         self.registry = ModelRegistry(config, paths)
 
         def current() -> int | None:
+            # a database deleted and restored, or truncated, under the running server: reopened
+            # or reported as unreadable here, within one poll (never read as "no champion")
+            self.registry.watch_database()
             v = self.registry.by_alias(CHAMPION)
             return v.version if v else None
 
@@ -374,17 +377,25 @@ def create_app(config: PlatformConfig, paths: Paths, poll_seconds: float = 2.0, 
         return Response(content=msgspec.json.encode(body), media_type="application/json")
 
     @app.get("/healthz")
-    async def healthz() -> Any:
+    async def healthz(strict: bool = False) -> Any:
         server = server_box["s"]
         served = server.slot.current
         # the online store's state (it may ask Redis, bounded by its socket timeouts): off the loop
         check = getattr(server.online, "health", None)
         store = await run_in_threadpool(check) if check is not None else None
         degraded = store is not None and store["status"] != "ok"
+        registry = server.slot.state()  # served vs named, and why they differ
+        if not served:
+            status = "no_model"
+        elif registry["status"] != "ok":
+            status = registry["status"]  # still answering with the served version; not "ok"
+        else:
+            status = "degraded" if degraded else "ok"
         body = {
             # degraded: still answering (200), with the fallback the online store section names
-            "status": "no_model" if not served else "degraded" if degraded else "ok",
+            "status": status,
             "model_version": served.version if served else None,
+            "registry": registry,
             "swaps": server.slot.swaps,
             "last_error": server.slot.last_error,
             "online_features": server.online.mode,
@@ -396,7 +407,10 @@ def create_app(config: PlatformConfig, paths: Paths, poll_seconds: float = 2.0, 
         body["prediction_log"], warnings = ops.health()
         if warnings:
             body["warnings"] = warnings
-        return JSONResponse(status_code=200 if served else 503, content=body)
+        # 200 while a model answers (a fleet whose registry is briefly unreadable keeps serving);
+        # `?strict=true` (a deploy check): 503 unless the served version is the registry's
+        code = 503 if not served or (strict and status not in ("ok", "degraded")) else 200
+        return JSONResponse(status_code=code, content=body)
 
     @app.get("/metrics")
     async def metrics() -> Response:
@@ -436,6 +450,8 @@ def create_app(config: PlatformConfig, paths: Paths, poll_seconds: float = 2.0, 
             "calibration": served.model.metadata.get("calibration"),
             # parent (warm start), days seen, judged-on day (lattice.training.lineage)
             "lineage": served.model.metadata.get("lineage"),
+            # served vs the registry's champion, and why they differ (as /healthz)
+            "registry": server.slot.state(),
         }
 
     return app
