@@ -74,8 +74,10 @@ def _serve(args: argparse.Namespace) -> int:
         return 1
     # uvicorn's own access log stays off: the app writes its own (serving.access_log), which
     # also says the batch size and never logs a query string
+    # an idle keep-alive connection is closed after serving.limits.keep_alive_seconds (a slow
+    # body is cut off by the app's BodyTimeout; an oversized header by h11's own limit)
     common = dict(host=args.host, port=args.port, log_level=args.log_level, access_log=False,
-                  log_config=_log_config(args.log_level))
+                  log_config=_log_config(args.log_level), timeout_keep_alive=config.serving.limits.keep_alive_seconds)
     target = _announce(config, args, svc.prometheus_targets_dir)
     try:
         return _run(args, config, workers, common)
