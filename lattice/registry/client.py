@@ -212,6 +212,10 @@ class ModelRegistry:
             self._artifact_location = (paths.mlflow / "artifacts").as_uri()
             self.database = paths.mlflow / "mlflow.db"
         self.base_name = config.registry.model_name or f"{config.name}_ranker"
+        # a domain/objective subset run (lattice.orchestration.run_paths) registers its models
+        # under names of their own: never the full teacher's latest version, never the servable
+        # model's challenger
+        self.variant: str | None = getattr(paths, "variant", None)
         # every call retries a locked database for a bounded time, then names the file
         self.client = PatientClient(MlflowClient(tracking_uri=self.tracking_uri, registry_uri=self.tracking_uri),
                                     self.database, lock_wait_s)
@@ -248,7 +252,8 @@ class ModelRegistry:
         """Every student (also 'student@tag' variants) is a version of one registered model, so
         aliases compare them; teachers and baselines get their own registered models."""
         kind = model.split("@")[0].split(":")[0]
-        return self.base_name if kind == SERVABLE else f"{self.base_name}_{kind}"
+        name = self.base_name if kind == SERVABLE else f"{self.base_name}_{kind}"
+        return name if self.variant is None else f"{name}__{self.variant}"
 
     @property
     def experiment_id(self) -> str:
