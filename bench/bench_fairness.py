@@ -4,12 +4,13 @@ demo: bench_serving.build_demo).
 
     PYTHONPATH=$PWD .venv/bin/python bench/bench_fairness.py [--config C --workdir W] [--seconds 10]
 
-Normal clients: `--clients` threads from 127.0.0.1, each a keep-alive connection sending single
-requests back to back. The abusive client: another process, from 127.0.0.2 (its own client
+Normal clients: `--clients` threads, each its own client (address 127.0.0.1, 127.0.0.3, ...:
+the server tells clients apart by address) on a keep-alive connection sending single requests
+back to back. The abusive client: another process, from 127.0.0.2 (its own client
 address), sending valid 1,024-row batches back to back over 2 connections (retrying a 429 at
 once, ignoring Retry-After). Each server variant runs "alone" then "with the abuser":
 
-- `fair`: the defaults (`serving.limits`: batches scored in chunks of 64 rows, fair turns);
+- `fair`: the defaults (`serving.limits`: batches scored in chunks of 128 rows, fair turns);
 - `one_chunk`: `score_chunk_rows: 1024`, i.e. a batch scored in one piece as before the fix.
 
 Printed per variant and phase: normal p50/p99 (ms), normal requests/s, abuser rows/s and 429s,
@@ -82,7 +83,8 @@ def _normal(port: int, bodies: list[bytes], clients: int, seconds: float) -> dic
     stop = threading.Event()
     lats: list[list[float]] = [[] for _ in range(clients)]
     codes: dict = {}
-    threads = [threading.Thread(target=_post_loop, args=(port, "127.0.0.1", bodies[i::clients], stop, lats[i], codes))
+    sources = ["127.0.0.1"] + [f"127.0.0.{i}" for i in range(3, clients + 2)]  # 127.0.0.2 is the abuser
+    threads = [threading.Thread(target=_post_loop, args=(port, sources[i], bodies[i::clients], stop, lats[i], codes))
                for i in range(clients)]
     for t in threads:
         t.start()
@@ -173,7 +175,7 @@ def main() -> None:
             server.terminate()
             server.wait(timeout=30)
         rows.append((name, alone, abused))
-    print(f"\nnormal clients: {args.clients} x single requests from 127.0.0.1; abuser: 2 connections x 1,024-row "
+    print(f"\nnormal clients: {args.clients} x single requests, one address each; abuser: 2 connections x 1,024-row "
           f"batches from 127.0.0.2; {args.seconds:.0f} s per phase, same server per variant (cpus: {os.cpu_count()})")
     print("| variant | phase | normal p50 ms | normal p99 ms | normal req/s | abuser rows/s | abuser 429s | p99 ratio |")
     print("|---|---|---|---|---|---|---|---|")

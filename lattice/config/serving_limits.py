@@ -16,10 +16,12 @@ class ClientLimits(Strict):
     """Most request rows one client may have admitted and not yet answered (a batch of N counts
     N); a batch that would pass it is answered 429 with `Retry-After`. A value below `serving.max_batch`
     is raised to it, so that one largest batch always fits."""
-    score_chunk_rows: int = Field(default=64, ge=1)
+    score_chunk_rows: int = Field(default=128, ge=1)
     """A batch is scored in chunks of this many rows, and between chunks the clients take turns
-    by rows scored (start-time fair queuing): a client's single request waits for at most one
-    chunk of another client's batch, never for the whole batch."""
+    by the scoring time each has used (start-time fair queuing): a client's single request waits
+    for at most one chunk of another client's batch, never for the whole batch. Smaller chunks
+    shorten that wait and cost the batch's sender more time per row (each model call has a fixed
+    cost)."""
     body_timeout_seconds: float = Field(default=10.0, gt=0)
     """Longest time the server waits for a request body to arrive once its headers have; a
     slower body is answered 408 and its connection closed (a slow-body client holds nothing)."""

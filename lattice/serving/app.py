@@ -379,7 +379,8 @@ def create_app(config: PlatformConfig, paths: Paths, poll_seconds: float = 2.0, 
         server = server_box["s"]
         try:
             raw = await _read_body(request, max_body)
-            reqs, _ = parse_body(raw, server.schema)
+            async with scheduler.turn(ticket.client):  # parsing a big batch is this client's time too
+                reqs, _ = parse_body(raw, server.schema)
         except RequestError as exc:
             return JSONResponse(status_code=exc.status, content={"detail": str(exc)})
         except BodyTooSlow as exc:
@@ -412,12 +413,8 @@ def create_app(config: PlatformConfig, paths: Paths, poll_seconds: float = 2.0, 
         chunk = client_limits.score_chunk_rows
         body: dict[str, Any] | None = None
         for i in range(0, len(reqs), chunk):
-            part = reqs[i:i + chunk]
-            await scheduler.turn(client, len(part))
-            try:
-                out = server.score(part, ops, served=served)
-            finally:
-                scheduler.done()
+            async with scheduler.turn(client):
+                out = server.score(reqs[i:i + chunk], ops, served=served)
             if body is None:
                 body = out
             else:

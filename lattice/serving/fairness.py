@@ -4,11 +4,13 @@ connections must not starve the others.
 - `ClientLimiter`: per client (its address; one shared token does not tell clients apart),
   requests and rows in flight are bounded; one over is refused 429 with `Retry-After`, before
   it costs anything.
-- `FairScheduler`: scoring runs on the event loop in chunks (`serving.limits.score_chunk_rows`);
-  before each chunk a request takes its turn by start-time fair queuing over rows: each client's
-  next chunk is tagged max(its last finish, the virtual time) and the smallest tag goes first. A
-  client that sends single requests is therefore served before the next chunk of a client that
-  has been sending big batches, and waits for at most the chunk being scored.
+- `FairScheduler`: parsing a body and scoring run on the event loop, scoring in chunks
+  (`serving.limits.score_chunk_rows`); each is a turn, granted by start-time fair queuing over
+  the time each client's turns take (measured: a row's cost differs between a lone request and
+  a batch): a client's next turn is tagged max(its last finish, the virtual time) and the
+  smallest tag goes first. Clients that are all busy get equal shares of the scoring time; a
+  client that sends single requests is served before the next chunk of one that has been
+  sending big batches, and waits for at most the turn in progress.
 - `BodyTimeout`: ASGI middleware bounding how long a request body may take to arrive (408).
 """
 
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import heapq
+from contextlib import asynccontextmanager
 import itertools
 import time
 from dataclasses import dataclass, field
@@ -103,7 +106,12 @@ class ClientLimiter:
 
 
 class FairScheduler:
-    """One scoring turn at a time, granted by smallest start tag (see the module docstring)."""
+    """One turn on the event loop's scoring at a time, granted by smallest start tag, where tags
+    count each client's measured time in its turns (see the module docstring).
+
+        async with scheduler.turn(client):
+            ...  # synchronous work: parsing a body, scoring a chunk
+    """
 
     def __init__(self):
         self._busy = False
@@ -111,36 +119,52 @@ class FairScheduler:
         self._seq = itertools.count()
         self._vtime = 0.0
         self._finish: dict[str, float] = {}
-        self._last: str | None = None  # the client whose chunk ran last
+        self._cost: dict[str, float] = {}  # a client's recent time per turn (s): its next turn's estimate
+        self._last: str | None = None  # the client whose turn ran last
 
-    # Scoring never yields to the loop, so a request that arrived during a chunk has not yet
-    # reached `turn` when that chunk ends. The client that just ran lets the loop turn over a
-    # few times first: enough for a request whose bytes are in (parse, admit, read the body)
-    # to queue, and it costs a client alone a few microseconds per chunk.
+    # Work in a turn never yields to the loop, so a request that arrived meanwhile has not yet
+    # reached `turn` when it ends. The client that just ran lets the loop turn over a few times
+    # first: enough for a request whose bytes are in (parse, admit, read the body) to queue, and
+    # it costs a client alone a few microseconds per turn.
     YIELDS = 4
 
-    async def turn(self, client: str, rows: int) -> None:
+    @asynccontextmanager
+    async def turn(self, client: str):
+        estimate = await self._acquire(client)
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            took = time.perf_counter() - started
+            # the tag was advanced by the estimate; correct it by what the turn really took
+            self._finish[client] = self._finish.get(client, self._vtime) + took - estimate
+            self._cost[client] = 0.8 * self._cost.get(client, took) + 0.2 * took
+            self._release()
+
+    async def _acquire(self, client: str) -> float:
         if client == self._last and not self._busy and not self._waiting:
             for _ in range(self.YIELDS):
                 await asyncio.sleep(0)
                 if self._busy or self._waiting:
                     break
+        estimate = self._cost.get(client, 0.0)
         start = max(self._finish.get(client, 0.0), self._vtime)
-        self._finish[client] = start + rows
+        self._finish[client] = start + estimate
         if not self._busy and not self._waiting:
             self._busy, self._vtime, self._last = True, start, client
-            return
+            return estimate
         fut = asyncio.get_running_loop().create_future()
         heapq.heappush(self._waiting, (start, next(self._seq), fut))
         try:
             await fut
         except asyncio.CancelledError:
             if fut.done() and not fut.cancelled():
-                self.done()  # the turn was handed to this request as it was cancelled: pass it on
+                self._release()  # the turn was handed to this request as it was cancelled: pass it on
             raise
         self._vtime, self._last = start, client
+        return estimate
 
-    def done(self) -> None:
+    def _release(self) -> None:
         while self._waiting:
             _, _, fut = heapq.heappop(self._waiting)
             if not fut.done():
@@ -149,6 +173,7 @@ class FairScheduler:
         self._busy = False
         if len(self._finish) > 4096:  # forget clients whose tags the virtual time has passed
             self._finish = {c: f for c, f in self._finish.items() if f > self._vtime}
+            self._cost = {c: v for c, v in self._cost.items() if c in self._finish}
 
 
 class BodyTimeout:

@@ -91,17 +91,16 @@ def test_a_single_request_waits_for_one_chunk_not_a_whole_batch():
         async def abuser():
             for _ in range(3):  # one batch after another
                 for _ in range(chunks):
-                    await sched.turn("abuser", 64)
-                    time.sleep(chunk_s)  # scoring runs on the loop, blocking it like the real one
-                    sched.done()
+                    async with sched.turn("abuser"):
+                        time.sleep(chunk_s)  # scoring runs on the loop, blocking it like the real one
 
         async def normal():
             for _ in range(10):
                 due = time.monotonic() + 0.013
                 await asyncio.sleep(0.013)
-                await sched.turn("normal", 1)
-                waits.append(time.monotonic() - due)  # from when it was ready to run
-                sched.done()
+                async with sched.turn("normal"):
+                    waits.append(time.monotonic() - due)  # from when it was ready to run
+                    time.sleep(0.001)
 
         await asyncio.gather(normal(), abuser())  # normal first: its clock starts before the batch
         return waits
