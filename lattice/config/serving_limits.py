@@ -25,6 +25,10 @@ class ClientLimits(Strict):
     body_timeout_seconds: float = Field(default=10.0, gt=0)
     """Longest time the server waits for a request body to arrive once its headers have; a
     slower body is answered 408 and its connection closed (a slow-body client holds nothing)."""
+    header_timeout_seconds: float = Field(default=10.0, gt=0)
+    """Longest time a connection may take to send a request's line and headers (a new connection,
+    or the next request on a kept-alive one); then it is closed (a slow-header client holds
+    nothing)."""
     keep_alive_seconds: float = Field(default=5.0, gt=0)
     """How long an idle keep-alive connection stays open between requests (uvicorn's
     `timeout_keep_alive`)."""
