@@ -333,6 +333,8 @@ def execute(ctx: RunContext, task: TaskSpec, specs: list[ParamSpec]) -> dict[str
         raise
     _log_summary(stage, summary, time.perf_counter() - started)
     result = {"stage": stage, "config": config.name, "summary": _jsonable(summary)}
+    if variant:  # the DAG does not announce a subset's model as the config's (dags/lattice_dags.py)
+        result["variant"] = variant
     links = _links(summary, config, ctx.paths)
     if links:  # where the results are: MLflow pages, report.html, per-cell metrics (XCom `links`)
         result["links"] = links

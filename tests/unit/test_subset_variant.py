@@ -53,7 +53,7 @@ def test_a_subset_teacher_never_replaces_the_full_one_and_a_subset_distill_reads
     out = run_task(CONFIG, teacher.tasks[0], params, teacher.params)
     assert full.joinpath("model.pt").read_text() == "the full teacher"  # untouched
     variant = home.model_dir("teacher__feed_search")
-    assert out["summary"]["model_dir"] == str(variant)
+    assert out["summary"]["model_dir"] == str(variant) and out["variant"] == "feed_search"
     assert variant.joinpath("model.pt").read_text() == "teacher of ['feed', 'search']"
 
     seen = {}
