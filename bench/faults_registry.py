@@ -297,27 +297,31 @@ def server_rows(serve_config: str, serve_workdir: str, root: Path) -> list[tuple
     good = {"domain": "feed", "entities": {"user_id": 1, "ad_id": 2}, "features": {"price": 1.5}}
     rows = []
     try:
-        # 20 slow-body connections: headers and 10 of 1,000 promised bytes, then nothing
+        # 20 slow-body connections from one client (127.0.0.3): headers and 10 of 1,000 promised
+        # bytes, then nothing; a normal client (127.0.0.1) meanwhile
         slow = []
         for _ in range(20):
-            c = socket.create_connection(("127.0.0.1", port))
+            c = socket.create_connection(("127.0.0.1", port), source_address=("127.0.0.3", 0))
             c.sendall(b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{\"domain\":")
             slow.append(c)
         t0 = time.monotonic()
         during = httpx.post(url + "/predict", json=good, timeout=10).status_code
-        answers = []
+        answers, closed = [], 0
         for c in slow:
             c.settimeout(10)
             try:
                 data = c.recv(4096)
                 answers.append(data.split(b" ", 2)[1].decode() if data.startswith(b"HTTP/1.1") else "closed")
+                c.settimeout(5)
+                closed += c.recv(4096) == b""  # then the server closes it: nothing is held
             except OSError:
                 answers.append("open")
             c.close()
         took = time.monotonic() - t0
         counts = {a: answers.count(a) for a in sorted(set(answers))}
-        rows.append(("7 twenty slow-body connections (10 of 1,000 bytes sent)", "each answered 408 and closed within the 2 s "
-                     "body timeout; others served", f"{counts} after {took:.1f} s; a normal request meanwhile: {during}"))
+        rows.append(("7 twenty slow-body connections from one client (10 of 1,000 bytes sent)",
+                     "408 at the 2 s body timeout (or 429 over its 4 in flight), closed; another client served",
+                     f"{counts}, {closed} of 20 closed by the server, all within {took:.1f} s; another client meanwhile: {during}"))
 
         # per-client limit: 6 held requests from one address, with max 4 in flight
         held = []
@@ -342,6 +346,42 @@ def server_rows(serve_config: str, serve_workdir: str, root: Path) -> list[tuple
         server.terminate()
         server.wait(timeout=30)
     return rows
+
+
+def fairness_row(serve_config: str, serve_workdir: str, root: Path, seconds: float = 8.0) -> tuple[str, str, str]:
+    """7: bench_fairness's measurement, shorter: 4 normal clients alone, then with the abuser."""
+    import yaml
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    from bench_fairness import _normal, _phase, _serve as serve_for_bench
+    from bench_serving import requests_from_window
+    from lattice.config import load_config as load
+
+    config = load(serve_config)
+    reqs = requests_from_window(config, Paths.for_config(config, serve_workdir), 2048)
+    singles = [json.dumps(r).encode() for r in reqs]
+    batch = json.dumps({"requests": reqs[:1024]}).encode()
+    raw = yaml.safe_load(Path(serve_config).read_text())
+    raw.setdefault("serving", {})["access_log"] = False
+    cfg = root / "serve_fairness.yaml"
+    cfg.write_text(yaml.safe_dump(raw, sort_keys=False))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = serve_for_bench(cfg, serve_workdir, port)
+    try:
+        _normal(port, singles, 4, 2.0)
+        alone = _phase(port, singles, batch, 4, seconds, abuse=False)
+        abused = _phase(port, singles, batch, 4, seconds, abuse=True)
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    failed = sum(n for phase in (alone, abused) for code, n in phase["codes"].items() if code != 200)
+    return ("7 one client: 1,024-row batches over 2 connections; 4 normal clients' p99",
+            "at most 2x their p99 alone (same run); 0 failed normal requests",
+            f"p99 {alone['p99']:.0f} ms alone, {abused['p99']:.0f} ms with it ({abused['p99'] / alone['p99']:.2f}x); "
+            f"{alone['per_s']:.0f} -> {abused['per_s']:.0f} req/s; abuser {abused['abuser_rows_per_s']:.0f} rows/s; "
+            f"failed normal requests: {failed}")
 
 
 def main() -> None:
@@ -430,6 +470,7 @@ def main() -> None:
     rows.append(empty_part_row(root))
     if args.serve_config and args.serve_workdir:
         rows += server_rows(args.serve_config, args.serve_workdir, root)
+        rows.append(fairness_row(args.serve_config, args.serve_workdir, root))
     else:
         rows.append(("7, 10 (server)", "-", "not run: pass --serve-config and --serve-workdir"))
 
