@@ -358,7 +358,8 @@ def create_app(config: PlatformConfig, paths: Paths, poll_seconds: float = 2.0, 
 
     app = FastAPI(title=f"Lattice {config.name} ranking", lifespan=lifespan)
     app.state.limiter = limiter
-    # outermost but one: a slow body is cut off whatever route reads it
+    # a slow body is cut off whatever route reads it (the access log and metrics, added after,
+    # wrap it and so count the 408)
     app.add_middleware(BodyTimeout, seconds=client_limits.body_timeout_seconds)
     if limits.access_log:
         app.add_middleware(AccessLog)
@@ -372,7 +373,10 @@ def create_app(config: PlatformConfig, paths: Paths, poll_seconds: float = 2.0, 
 
     @app.exception_handler(Refused)
     async def refused(request: Request, exc: Refused) -> JSONResponse:
-        return JSONResponse(status_code=429, content={"detail": str(exc)}, headers={"Retry-After": str(exc.retry_after)})
+        # Connection: close: a request refused before its body was read leaves that body unread
+        # on the connection; closing it holds nothing for the refused client (it retries anew)
+        return JSONResponse(status_code=429, content={"detail": str(exc)},
+                            headers={"Retry-After": str(exc.retry_after), "Connection": "close"})
 
     @app.post("/predict", response_model=PredictResponse, dependencies=[Depends(authorized)])
     async def predict(request: Request, ticket: Ticket = Depends(admitted)) -> Any:

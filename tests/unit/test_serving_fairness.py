@@ -48,6 +48,7 @@ def test_a_client_over_its_requests_in_flight_gets_429_with_retry_after(base_con
 
     second, first = _run(app, go)
     assert second.status_code == 429 and second.headers["retry-after"] == "1", second.text
+    assert second.headers["connection"] == "close"  # its unread body is not left on the connection
     assert "max_requests_in_flight" in second.json()["detail"]
     assert first.status_code == 200  # the slot is given back: the held request completes
 
