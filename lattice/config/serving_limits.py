@@ -16,7 +16,7 @@ class ClientLimits(Strict):
     """Most request rows one client may have admitted and not yet answered (a batch of N counts
     N); a batch that would pass it is answered 429 with `Retry-After`. A value below `serving.max_batch`
     is raised to it, so that one largest batch always fits."""
-    score_chunk_rows: int = Field(default=128, ge=1)
+    score_chunk_rows: int = Field(default=64, ge=1)
     """A batch is scored in chunks of this many rows, and between chunks the clients take turns
     by the scoring time each has used (start-time fair queuing): a client's single request waits
     for at most one chunk of another client's batch, never for the whole batch. Smaller chunks

@@ -126,7 +126,7 @@ class FairScheduler:
     # reached `turn` when it ends. The client that just ran lets the loop turn over a few times
     # first: enough for a request whose bytes are in (parse, admit, read the body) to queue, and
     # it costs a client alone a few microseconds per turn.
-    YIELDS = 4
+    YIELDS = 8
 
     @asynccontextmanager
     async def turn(self, client: str):
