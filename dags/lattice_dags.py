@@ -78,6 +78,12 @@ def _task(config_file: str, spec: DagSpec, group: AirflowTask, outlets: list[Ass
             raise AirflowFailException(str(exc)) from exc
         except DeterministicError as exc:
             raise AirflowFailException(str(exc)) from exc  # failed now: a retry would fail the same way
+        if t.outlet and result.get("variant"):
+            # a domain/objective subset's model is its own variant: the DAGs downstream of this
+            # asset (distill, promote) keep working on the full models, so nothing is announced
+            context["ti"].xcom_push(key="return_value", value=result)
+            raise AirflowSkipException(f"{t.task_id}: a subset run (variant {result['variant']!r}); its model is kept "
+                                       f"under its own name and the {t.outlet} asset is not updated")
         if t.emit_if and t.outlet:
             found = (result.get("summary") or {}).get(t.emit_if)
             if not found:  # nothing to announce: skipped, so the outlet asset gets no event

@@ -110,6 +110,10 @@ def ingest_and_consolidate(config: PlatformConfig, paths: Paths, start: str | No
         # filtered by event time in `ingest.tag`
         chosen = sources.select_files(paths, src, lo_day, hi_day)
         info = {"files": len(chosen.files), "format": src.format, "date_partitioned": chosen.partitioned, "rows_in": 0}
+        if chosen.empty_files:  # 0-byte part files: 0 rows each, listed so that nothing is silent
+            info["empty_files"] = chosen.empty_files
+            log.warning("source %s: %d empty (0-byte) file(s) read as 0 rows: %s", src.name, len(chosen.empty_files),
+                        ", ".join(chosen.empty_files[:3]))
         if chosen.partitioned:
             info.update(files_by_day=chosen.by_day, empty_days=chosen.empty_days)
         source_info[src.name] = info

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 import re
 from dataclasses import dataclass, field
 
@@ -76,10 +77,21 @@ class FileSelection:
     files: list[str]
     partitioned: bool
     by_day: dict[str, int] = field(default_factory=dict)
+    empty_files: list[str] = field(default_factory=list)
+    """0-byte files (a writer's empty part file): 0 rows, not a failure; never handed to Spark,
+    which cannot read a 0-byte parquet file and finds no header in a 0-byte csv."""
 
     @property
     def empty_days(self) -> list[str]:
         return [d for d, n in self.by_day.items() if n == 0]
+
+
+def _without_empty(selection: FileSelection) -> FileSelection:
+    empty = [f for f in selection.files if os.path.getsize(f) == 0]
+    if not empty:
+        return selection
+    gone = set(empty)
+    return FileSelection([f for f in selection.files if f not in gone], selection.partitioned, selection.by_day, empty)
 
 
 def days_in(start: dt.date, end: dt.date) -> list[dt.date]:
@@ -105,13 +117,18 @@ def select_files(paths: Paths, source: Source, start: dt.date, end: dt.date) -> 
     when their day is in the window (files outside any such folder are always kept: they may hold
     any day). Either way a day with no file is recorded, not an error, as long as the source has
     files on some day (otherwise the path is wrong and the run stops, as for any other source).
-    Any other source is read whole and filtered by event time downstream."""
+    Any other source is read whole and filtered by event time downstream. A 0-byte file counts
+    0 rows (`empty_files`), never a failure."""
+    return _without_empty(_select_files(paths, source, start, end))
+
+
+def _select_files(paths: Paths, source: Source, start: dt.date, end: dt.date) -> FileSelection:
     full = str(paths.source_path(source.path))
     if DATE_TOKEN.search(full):
         by_day, files = {}, []
         for day in days_in(start, end):
             found = matching_files(date_pattern(full, day), source.format)
-            by_day[str(day)] = len(found)
+            by_day[str(day)] = sum(1 for f in found if os.path.getsize(f) > 0)  # an empty file: no rows that day
             files += found
         if not files and not matching_files(DATE_TOKEN.sub("*", full), source.format):
             raise SourceError(f"source {source.name!r}: no file matches {full} on any day (check 'path' and data_root, "
@@ -128,5 +145,5 @@ def select_files(paths: Paths, source: Source, start: dt.date, end: dt.date) -> 
             files.append(f)
         elif start <= d < end:
             files.append(f)
-            by_day[str(d)] += 1
+            by_day[str(d)] += os.path.getsize(f) > 0
     return FileSelection(files, True, by_day)

@@ -74,8 +74,15 @@ def _serve(args: argparse.Namespace) -> int:
         return 1
     # uvicorn's own access log stays off: the app writes its own (serving.access_log), which
     # also says the batch size and never logs a query string
+    # an idle keep-alive connection is closed after serving.limits.keep_alive_seconds, one slow
+    # to send its headers after header_timeout_seconds (our protocol: uvicorn has no such bound;
+    # the environment carries it to every worker), a slow body by the app's BodyTimeout
+    from lattice.serving.header_timeout import HEADER_TIMEOUT_ENV, IMPORT_STRING
+
+    os.environ[HEADER_TIMEOUT_ENV] = str(config.serving.limits.header_timeout_seconds)
     common = dict(host=args.host, port=args.port, log_level=args.log_level, access_log=False,
-                  log_config=_log_config(args.log_level))
+                  log_config=_log_config(args.log_level), timeout_keep_alive=config.serving.limits.keep_alive_seconds,
+                  http=IMPORT_STRING)
     target = _announce(config, args, svc.prometheus_targets_dir)
     try:
         return _run(args, config, workers, common)

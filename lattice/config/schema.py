@@ -15,6 +15,7 @@ from typing import Any, Literal
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from lattice.config.monitoring import Monitoring
+from lattice.config.serving_limits import ClientLimits
 from lattice.config.strict import Strict  # noqa: F401 (re-exported: sections import it from here)
 
 NAME_RE = r"^[a-z][a-z0-9_]*$"
@@ -834,6 +835,8 @@ class Serving(Strict):
     access_log: bool = True
     """One log line per request on the `lattice.serving.access` logger at INFO: method, path,
     status, duration (ms), batch size and client address; never bodies or credentials."""
+    limits: ClientLimits = Field(default_factory=ClientLimits)
+    """Per-client limits (by client address) and read timeouts: see lattice/config/serving_limits.py."""
 
 
 class Registry(Strict):

@@ -10,6 +10,12 @@
   workdir, and the folder replaces the old one only when the stage succeeded: a failed run leaves
   the previous model whole, never new metadata beside the old weights.
 
+* A run on a subset of domains or objectives is its own model variant (`variant`): its model
+  folders are `models/<model>__<variant>` (e.g. `teacher__feed_search`), its teacher scores
+  `teacher_scores__<variant>`, and it registers under `<registered name>__<variant>`, so it never
+  replaces the full model in the work directory nor becomes the registry's latest teacher or the
+  servable model's challenger (issue 37 finding 9).
+
 Training ranks under torchrun rebuild plain `Paths(workdir)` from the run spec, so a staged
 model lives where plain `Paths` of the scratch workdir put it (`<scratch>/models/<name>`); every
 other folder resolves to the config's real workdir.
@@ -41,12 +47,19 @@ class RunPaths(Paths):
     """The training table this run reads instead of the config's (a domain subset)."""
     staged: tuple[str, ...] = ()
     """Models written under `workdir` (a scratch folder), swapped into `home` by `commit`."""
+    variant: str | None = None
+    """A subset run's model variant (`subset_variant`); None for the full config."""
 
     @classmethod
-    def make(cls, home: Paths, *, table: Path | None = None, staged: str | None = None) -> "RunPaths":
+    def make(cls, home: Paths, *, table: Path | None = None, staged: str | None = None,
+             variant: str | None = None) -> "RunPaths":
         workdir = home.workdir / STAGING / f"{staged}-{uuid.uuid4().hex[:8]}" if staged else home.workdir
         return cls(workdir=workdir, data_root=home.data_root, home=home, table=table,
-                   staged=(staged,) if staged else ())
+                   staged=(staged,) if staged else (), variant=variant)
+
+    def home_model_dir(self, model: str) -> Path:
+        """Where `model` lives in the real work directory: its variant's folder in a subset run."""
+        return self.home.model_dir(variant_name(model, self.variant))
 
     # the table the loader finds (`find_table` tries training_set, then consolidated)
     @property
@@ -84,11 +97,12 @@ class RunPaths(Paths):
     def model_dir(self, model: str) -> Path:
         if model in self.staged:
             return Paths(self.workdir, self.data_root).model_dir(model)  # what the ranks compute
-        return self.home.model_dir(model)
+        return self.home_model_dir(model)
 
     @property
     def teacher_scores(self) -> Path:
-        return self.home.teacher_scores
+        t = self.home.teacher_scores
+        return t if self.variant is None else t.with_name(f"{t.name}__{self.variant}")
 
     @property
     def mlflow(self) -> Path:
@@ -96,7 +110,8 @@ class RunPaths(Paths):
 
     @property
     def reports(self) -> Path:
-        return self.home.reports
+        r = self.home.reports
+        return r if self.variant is None else r / self.variant  # a subset's reports beside, not over, the full ones
 
     def ensure(self) -> "RunPaths":
         self.home.ensure()
@@ -107,7 +122,7 @@ class RunPaths(Paths):
         """Move every staged model folder over the real one; returns {scratch path: real path}."""
         moved: dict[str, str] = {}
         for model in self.staged:
-            new, target = self.model_dir(model), self.home.model_dir(model)
+            new, target = self.model_dir(model), self.home_model_dir(model)
             # a torch model is whole once model.pt exists; a LightGBM baseline (lattice.training.gbdt_stage)
             # has boosters instead and writes its summary.json last
             trees_done = (new / "boosters").is_dir() and (new / "summary.json").exists()
@@ -130,6 +145,25 @@ class RunPaths(Paths):
                 self.workdir.parent.rmdir()  # .staging, when no other task stages a model now
             except OSError:
                 pass
+
+
+def subset_variant(full_domains: list[str], full_objectives: list[str], domains: list[str],
+                   objectives: list[str]) -> str | None:
+    """The variant name of a run on `domains` x `objectives` of a config declaring the full lists:
+    None for the full config; else the chosen domains joined by '_' (when a subset), then '__'
+    and the chosen objectives (when a subset), e.g. `feed_search`, `click`, `feed__click`.
+    Letters, digits, '_' and '-' only: it becomes part of folder, MLflow and Feast names."""
+    parts = []
+    if sorted(domains) != sorted(full_domains):
+        parts.append("_".join(d for d in full_domains if d in domains))
+    if sorted(objectives) != sorted(full_objectives):
+        parts.append("_".join(o for o in full_objectives if o in objectives))
+    return "__".join(parts) or None
+
+
+def variant_name(model: str, variant: str | None) -> str:
+    """`teacher` -> `teacher__feed_search` in a subset run (the model folder's and the registry's name)."""
+    return model if variant is None else f"{model}__{variant}"
 
 
 def swap_in(new: Path, target: Path) -> None:

@@ -85,6 +85,11 @@ def start(home: Path | None = None, *, port: int = 8080, host: str = "127.0.0.1"
     ensure_passwords(home / PASSWORDS_FILE, EMBEDDED_USERS)
     env = {**os.environ, **local_airflow_env(home, port=port, host=host, log_ports=(free_port(), free_port()),
                                              configs_dir=configs_dir), **(extra_env or {})}
+    # the scheduler's and triggerer's task-log servers: on `host` too, not every interface
+    from lattice.orchestration.loopback_logs import HOST_ENV, write_settings
+
+    write_settings(home)
+    env[HOST_ENV] = host
     log_file = home / "standalone.log"
     with open(log_file, "ab") as out:
         proc = subprocess.Popen([str(venv_bin() / "airflow"), "standalone"], env=env, cwd=home, stdout=out,

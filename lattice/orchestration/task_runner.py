@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lattice.orchestration.run_paths import RunPaths, relocate, subset_table
+from lattice.orchestration.run_paths import RunPaths, relocate, subset_table, subset_variant
 from lattice.orchestration.spec import ParamSpec, TaskSpec
 from lattice.paths import Paths
 
@@ -284,6 +284,23 @@ def run_steps(config_file: str | Path, steps, params: dict[str, Any], specs: lis
     return results
 
 
+def _check_variant_inputs(task: TaskSpec, paths: RunPaths, staged: str | None, config) -> None:
+    """A subset run reads the models of the same subset (a subset distill reads the teacher trained
+    on those domains and objectives): stop with what to run first when one is missing, instead of
+    reading the full model, whose heads and cells do not match the narrowed config."""
+    for item in task.reads:
+        kind, _, model = item.partition(":")
+        if kind not in ("model", "artifact") or not model or model == staged:
+            continue
+        where = paths.model_dir(model)
+        if not where.is_dir():
+            raise DeterministicError(
+                f"task {task.task_id!r} runs on domains {config.domain_names} and objectives {config.objective_names}, "
+                f"a subset: it reads the {model} trained on the same subset, {where}, which does not exist. Run the "
+                f"{model} step with the same domains and objectives first (subset runs never read or replace the full "
+                f"models)")
+
+
 def _load(config_file: str, sets: list[str]):
     from lattice.config import ConfigError, load_config
 
@@ -318,7 +335,7 @@ def execute(ctx: RunContext, task: TaskSpec, specs: list[ParamSpec]) -> dict[str
             f"stage {stage!r} is not registered in lattice/stages.py (known: {sorted(stages.STAGES)}); "
             f"task {task.task_id!r} cannot run until the issue that builds this stage lands"
         )
-    all_domains = config.domain_names
+    all_domains, all_objectives = config.domain_names, config.objective_names
     if task.narrow:
         from lattice.orchestration.narrow import SubsetError, narrow_config
 
@@ -341,8 +358,13 @@ def execute(ctx: RunContext, task: TaskSpec, specs: list[ParamSpec]) -> dict[str
                       f"{type(exc).__name__}: {exc}") from exc
         log.info("domains %s of %s: the stage reads the subset table %s", config.domain_names, all_domains, table)
     staged = task.replaces_model if stage == task.stage else None
-    if table is not None or staged:
-        run_paths = RunPaths.make(paths, table=table, staged=staged).ensure()
+    # a subset run is its own model variant: it never replaces the full model in the work
+    # directory, nor registers as the full model's latest version or challenger
+    variant = subset_variant(all_domains, all_objectives, config.domain_names, config.objective_names)
+    if table is not None or staged or variant:
+        run_paths = RunPaths.make(paths, table=table, staged=staged, variant=variant).ensure()
+    if variant:
+        _check_variant_inputs(task, run_paths, staged, config)
     log.info("config %s (%s): stage %s with %s; workdir %s", config.name, ctx.config_file, stage, kwargs, paths.workdir)
     started = time.perf_counter()
     try:
@@ -369,6 +391,8 @@ def execute(ctx: RunContext, task: TaskSpec, specs: list[ParamSpec]) -> dict[str
         raise
     _log_summary(stage, summary, time.perf_counter() - started)
     result = {"stage": stage, "config": config.name, "summary": _jsonable(summary)}
+    if variant:  # the DAG does not announce a subset's model as the config's (dags/lattice_dags.py)
+        result["variant"] = variant
     links = _links(summary, config, ctx.paths)
     if links:  # where the results are: MLflow pages, report.html, per-cell metrics (XCom `links`)
         result["links"] = links

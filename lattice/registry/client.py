@@ -169,6 +169,15 @@ def _open_local_registry(folder: Path) -> str:
     return uri
 
 
+def _file_identity(path: Path) -> tuple[int, int] | None:
+    """(device, inode): what changes when a file is replaced rather than written in place."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
 def _profile_tracking_uri(config: PlatformConfig) -> str | None:
     if config.deployment.profile == "embedded":
         return None
@@ -203,19 +212,48 @@ class ModelRegistry:
             self._artifact_location = (paths.mlflow / "artifacts").as_uri()
             self.database = paths.mlflow / "mlflow.db"
         self.base_name = config.registry.model_name or f"{config.name}_ranker"
+        # a domain/objective subset run (lattice.orchestration.run_paths) registers its models
+        # under names of their own: never the full teacher's latest version, never the servable
+        # model's challenger
+        self.variant: str | None = getattr(paths, "variant", None)
         # every call retries a locked database for a bounded time, then names the file
         self.client = PatientClient(MlflowClient(tracking_uri=self.tracking_uri, registry_uri=self.tracking_uri),
                                     self.database, lock_wait_s)
         self._experiment_id: str | None = None
+        self._db_identity = _file_identity(self.database) if self.database is not None else None
         self.move_lock_wait_s = MOVE_LOCK_WAIT_S
         self.last_reconciled: str | None = None
+
+    def watch_database(self) -> bool:
+        """For a long-lived reader (the server's watcher): raise when the local database is gone
+        or no longer SQLite, and reopen it when the file was replaced (deleted and restored from a
+        backup, or renamed over). MLflow keeps one pooled engine per URI whose connections hold
+        the file they opened, so without this a server would keep reading a deleted registry.
+        True when it reopened. A tracking server: nothing to watch."""
+        if self.database is None:
+            return False
+        if not self.database.exists():
+            check_local_registry(self.paths.mlflow)  # names the backup to restore
+            raise RegistryMissingError(f"the model registry database {self.database} is missing; restore it from a backup")
+        check_sqlite_file(self.database)
+        identity = _file_identity(self.database)
+        if identity == self._db_identity:
+            return False
+        from lattice.registry.patience import dispose_engines
+
+        dispose_engines(self.client._client)  # the next statement opens the file now at the path
+        log.warning("the model registry database %s was replaced (inode %s -> %s); reopened it", self.database,
+                    self._db_identity[1] if self._db_identity else None, identity[1] if identity else None)
+        self._db_identity = identity
+        return True
 
     # ------------------------------------------------------------ names
     def registered_name(self, model: str) -> str:
         """Every student (also 'student@tag' variants) is a version of one registered model, so
         aliases compare them; teachers and baselines get their own registered models."""
         kind = model.split("@")[0].split(":")[0]
-        return self.base_name if kind == SERVABLE else f"{self.base_name}_{kind}"
+        name = self.base_name if kind == SERVABLE else f"{self.base_name}_{kind}"
+        return name if self.variant is None else f"{name}__{self.variant}"
 
     @property
     def experiment_id(self) -> str:

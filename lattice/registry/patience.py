@@ -76,19 +76,32 @@ def check_sqlite_file(db: Path) -> None:
         )
 
 
+def _sql_stores(client: Any) -> list[Any]:
+    stores = []
+    for get in (lambda: client._tracking_client.store, lambda: client._get_registry_client().store):
+        try:
+            stores.append(get())
+        except Exception:  # an internal MLflow layout we do not know
+            continue
+    return stores
+
+
+def dispose_engines(client: Any) -> None:
+    """Close the pooled connections of this client's SQLAlchemy stores; the next statement opens
+    the database file afresh (MLflow caches one store, and its engine, per URI)."""
+    for store in _sql_stores(client):
+        engine = getattr(store, "engine", None)
+        if engine is not None:
+            engine.dispose()
+
+
 def shorten_sqlite_waits(client: Any) -> None:
     """Make SQLite's per-statement lock wait short for this client's stores, so a lock surfaces
     to `PatientClient`, whose bound applies (MLflow sets 20 s per statement). Stores that are
     not SQLAlchemy (a tracking server) are left alone."""
     from sqlalchemy import event
 
-    stores = []
-    for get in (lambda: client._tracking_client.store, lambda: client._get_registry_client().store):
-        try:
-            stores.append(get())
-        except Exception:  # an internal MLflow layout we do not know: keep its own waits
-            continue
-    for store in stores:
+    for store in _sql_stores(client):  # an unknown layout keeps MLflow's own waits
         engine = getattr(store, "engine", None)
         if engine is None or engine.dialect.name != "sqlite" or getattr(engine, "_lattice_short_waits", False):
             continue

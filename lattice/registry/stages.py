@@ -106,7 +106,9 @@ def register(config: PlatformConfig, paths: Paths, model: str = SERVABLE, challe
         reg = ModelRegistry(config, paths)
         version = reg.log_model(model, model_dir, params=params, metrics=numeric_leaves("", metrics), tags=tags, extra_artifacts=extras)
     # the version number exists only now: its FeatureService is applied and recorded on it
-    service = feature_service(config, paths, version.version, model)
+    # a subset run's version numbers count in its own registered model: its own FeatureService name
+    variant = getattr(paths, "variant", None)
+    service = feature_service(config, paths, version.version, model if variant is None else f"{model}__{variant}")
     reg.client.set_model_version_tag(version.name, str(version.version), "lattice.feature_service", service)
     version = reg.version(version.version, model=model)
     servable = reg.registered_name(model) == reg.base_name

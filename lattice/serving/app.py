@@ -10,7 +10,10 @@ Bad input gets a 4xx with a message, never a 500: 401 without the token (when
 `serving.auth_token_env` names one; checked before the body is read), 413 for a body over
 `serving.max_body_bytes` (refused from its Content-Length, or as soon as the stream passes the
 limit) or a batch over `serving.max_batch`, 400 for a body that is not UTF-8 or is nested too
-deeply, 422 for the rest (see `parse_body` and requests.py). Each request is one line on the
+deeply, 422 for the rest (see `parse_body` and requests.py); 429 with Retry-After for a client
+over its `serving.limits` (requests or rows in flight), 408 for a body slower than
+`serving.limits.body_timeout_seconds`. Batches are scored in chunks, the clients taking fair
+turns between chunks (fairness.py). Each request is one line on the
 `lattice.serving.access` logger (`serving.access_log`). Every scored batch is recorded by
 `ServingOps` (ops.py): the prediction log and the Prometheus counters behind `/metrics`, which
 is open like /healthz (counts only, no request data).
@@ -26,7 +29,7 @@ import time
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.concurrency import run_in_threadpool
 import msgspec
 from fastapi.responses import JSONResponse, Response
@@ -35,6 +38,8 @@ from starlette.requests import ClientDisconnect
 
 from lattice.config import PlatformConfig
 from lattice.paths import Paths
+from lattice.serving.fairness import (BodyTimeout, BodyTooSlow, ClientLimiter, FairScheduler, Refused, Ticket,
+                                      body_timeout_response, client_key)
 from lattice.serving.frame import request_columns
 from lattice.serving.metrics import MetricsMiddleware
 from lattice.serving.online import OnlineFeatures
@@ -192,10 +197,6 @@ def _credentials_problem(request: Request, token: bytes) -> str | None:
     return None if ok else "invalid token"
 
 
-def _unauthorized(message: str) -> JSONResponse:
-    return JSONResponse(status_code=401, content={"detail": message}, headers={"WWW-Authenticate": "Bearer"})
-
-
 async def _read_body(request: Request, limit: int) -> bytes:
     """The body, refused (413) from its Content-Length or as soon as the stream passes `limit`."""
     length = _header(request, b"content-length")
@@ -266,6 +267,9 @@ class Server:
         self.registry = ModelRegistry(config, paths)
 
         def current() -> int | None:
+            # a database deleted and restored, or truncated, under the running server: reopened
+            # or reported as unreadable here, within one poll (never read as "no champion")
+            self.registry.watch_database()
             v = self.registry.by_alias(CHAMPION)
             return v.version if v else None
 
@@ -280,10 +284,11 @@ class Server:
         if config.features.aggregates:
             self.online.open()
 
-    def score(self, reqs: list, ops: ServingOps | None = None) -> dict[str, Any]:
+    def score(self, reqs: list, ops: ServingOps | None = None, served=None) -> dict[str, Any]:
         """Requests -> the response body (`PredictResponse`'s layout) as plain Python values.
-        `ops`: where the scored batch is recorded (prediction log, metrics)."""
-        served = self.slot.current  # read once: this request sees one whole model
+        `ops`: where the scored batch is recorded (prediction log, metrics). `served`: the model
+        to use (a batch scored in chunks passes the one it read first: one whole model)."""
+        served = served if served is not None else self.slot.current  # read once: one whole model
         if served is None:
             raise LookupError("no champion model is loaded yet")
         cols = request_columns(served.model.config, reqs, {})
@@ -333,7 +338,29 @@ def create_app(config: PlatformConfig, paths: Paths, poll_seconds: float = 2.0, 
             server.slot.stop()
             await run_in_threadpool(ops.close)  # a clean stop writes every acknowledged log record
 
+    client_limits = limits.limits
+    limiter = ClientLimiter(client_limits, limits.max_batch)
+    scheduler = FairScheduler()
+
+    async def authorized(request: Request) -> None:  # async: a sync dependency goes through a thread
+        """401 without the token (checked before the body is read)."""
+        if token is not None and (problem := _credentials_problem(request, token)) is not None:
+            raise HTTPException(status_code=401, detail=problem, headers={"WWW-Authenticate": "Bearer"})
+
+    async def admitted(request: Request):
+        """This client's request slot (429 over serving.limits.max_requests_in_flight), held to
+        the end of the request; its rows are admitted once the body is read."""
+        ticket = limiter.admit(client_key(request.scope))
+        try:
+            yield ticket
+        finally:
+            ticket.release()
+
     app = FastAPI(title=f"Lattice {config.name} ranking", lifespan=lifespan)
+    app.state.limiter = limiter
+    # a slow body is cut off whatever route reads it (the access log and metrics, added after,
+    # wrap it and so count the 408)
+    app.add_middleware(BodyTimeout, seconds=client_limits.body_timeout_seconds)
     if limits.access_log:
         app.add_middleware(AccessLog)
     if ops.metrics is not None:
@@ -344,28 +371,41 @@ def create_app(config: PlatformConfig, paths: Paths, poll_seconds: float = 2.0, 
         # any route's unexpected failure answers JSON; Starlette then re-raises it to the server's log
         return JSONResponse(status_code=500, content={"detail": "internal server error"})
 
-    @app.post("/predict", response_model=PredictResponse)
-    async def predict(request: Request) -> Any:
-        if token is not None and (problem := _credentials_problem(request, token)) is not None:
-            return _unauthorized(problem)
+    @app.exception_handler(Refused)
+    async def refused(request: Request, exc: Refused) -> JSONResponse:
+        # Connection: close: a request refused before its body was read leaves that body unread
+        # on the connection; closing it holds nothing for the refused client (it retries anew)
+        return JSONResponse(status_code=429, content={"detail": str(exc)},
+                            headers={"Retry-After": str(exc.retry_after), "Connection": "close"})
+
+    @app.post("/predict", response_model=PredictResponse, dependencies=[Depends(authorized)])
+    async def predict(request: Request, ticket: Ticket = Depends(admitted)) -> Any:
         server = server_box["s"]
         try:
             raw = await _read_body(request, max_body)
-            reqs, _ = parse_body(raw, server.schema)
+            async with scheduler.turn(ticket.client):  # parsing a big batch is this client's time too
+                reqs, _ = parse_body(raw, server.schema)
         except RequestError as exc:
             return JSONResponse(status_code=exc.status, content={"detail": str(exc)})
+        except BodyTooSlow as exc:
+            return body_timeout_response(str(exc))
         except ClientDisconnect:
             return JSONResponse(status_code=400, content={"detail": "client disconnected before sending the whole body"})
         except Exception:  # a bug, not the client's input: logged with its traceback
             log.exception("reading a /predict body failed")
             return JSONResponse(status_code=500, content={"detail": "internal error while reading the request; see the server log"})
         request.scope["lattice.batch"] = len(reqs)
+        ticket.rows(len(reqs))  # 429 over serving.limits.max_rows_in_flight
+        served = server.slot.current  # read once: every chunk of this batch is scored by one model
+        if served is None:
+            return JSONResponse(status_code=503, content={"detail": "no champion model is loaded yet"})
         try:
             # Scored on the event loop, not in a worker thread: the work is CPU-bound under the
             # GIL either way, and the thread hand-off cost more than a single row's lookup and
-            # forward. The response is serialised once here by msgspec (the route's
-            # response_model only documents it), instead of FastAPI validating it again.
-            body = server.score(reqs, ops)
+            # forward. A batch goes in chunks, each after its fair turn among the clients. The
+            # response is serialised once here by msgspec (the route's response_model only
+            # documents it), instead of FastAPI validating it again.
+            body = await _score_fairly(server, reqs, served, ticket.client)
         except LookupError as exc:
             return JSONResponse(status_code=503, content={"detail": str(exc)})
         except Exception:  # the last resort: valid input never gets here; logged with its traceback
@@ -373,18 +413,38 @@ def create_app(config: PlatformConfig, paths: Paths, poll_seconds: float = 2.0, 
             return JSONResponse(status_code=500, content={"detail": "internal error while scoring; see the server log"})
         return Response(content=msgspec.json.encode(body), media_type="application/json")
 
+    async def _score_fairly(server: Server, reqs: list, served, client: str) -> dict[str, Any]:
+        chunk = client_limits.score_chunk_rows
+        body: dict[str, Any] | None = None
+        for i in range(0, len(reqs), chunk):
+            async with scheduler.turn(client):
+                out = server.score(reqs[i:i + chunk], ops, served=served)
+            if body is None:
+                body = out
+            else:
+                body["predictions"].extend(out["predictions"])
+        return body
+
     @app.get("/healthz")
-    async def healthz() -> Any:
+    async def healthz(strict: bool = False) -> Any:
         server = server_box["s"]
         served = server.slot.current
         # the online store's state (it may ask Redis, bounded by its socket timeouts): off the loop
         check = getattr(server.online, "health", None)
         store = await run_in_threadpool(check) if check is not None else None
         degraded = store is not None and store["status"] != "ok"
+        registry = server.slot.state()  # served vs named, and why they differ
+        if not served:
+            status = "no_model"
+        elif registry["status"] != "ok":
+            status = registry["status"]  # still answering with the served version; not "ok"
+        else:
+            status = "degraded" if degraded else "ok"
         body = {
             # degraded: still answering (200), with the fallback the online store section names
-            "status": "no_model" if not served else "degraded" if degraded else "ok",
+            "status": status,
             "model_version": served.version if served else None,
+            "registry": registry,
             "swaps": server.slot.swaps,
             "last_error": server.slot.last_error,
             "online_features": server.online.mode,
@@ -396,7 +456,10 @@ def create_app(config: PlatformConfig, paths: Paths, poll_seconds: float = 2.0, 
         body["prediction_log"], warnings = ops.health()
         if warnings:
             body["warnings"] = warnings
-        return JSONResponse(status_code=200 if served else 503, content=body)
+        # 200 while a model answers (a fleet whose registry is briefly unreadable keeps serving);
+        # `?strict=true` (a deploy check): 503 unless the served version is the registry's
+        code = 503 if not served or (strict and status not in ("ok", "degraded")) else 200
+        return JSONResponse(status_code=code, content=body)
 
     @app.get("/metrics")
     async def metrics() -> Response:
@@ -408,10 +471,8 @@ def create_app(config: PlatformConfig, paths: Paths, poll_seconds: float = 2.0, 
         data, content_type = ops.metrics.exposition()
         return Response(content=data, media_type=content_type)
 
-    @app.get("/metadata")
+    @app.get("/metadata", dependencies=[Depends(authorized)])
     async def metadata(request: Request) -> Any:
-        if token is not None and (problem := _credentials_problem(request, token)) is not None:
-            return _unauthorized(problem)
         server = server_box["s"]
         served = server.slot.current
         if served is None:
@@ -436,6 +497,8 @@ def create_app(config: PlatformConfig, paths: Paths, poll_seconds: float = 2.0, 
             "calibration": served.model.metadata.get("calibration"),
             # parent (warm start), days seen, judged-on day (lattice.training.lineage)
             "lineage": served.model.metadata.get("lineage"),
+            # served vs the registry's champion, and why they differ (as /healthz)
+            "registry": server.slot.state(),
         }
 
     return app

@@ -102,6 +102,31 @@ def short(value, limit: int = 80) -> str:
     return r if len(r) <= limit else r[:limit] + f"... ({len(r)} characters)"
 
 
+def dense_bounds(config: PlatformConfig) -> dict[str, tuple[float | None, float | None, float | None]]:
+    """Dense column -> (exclusive low, low, high) as the feature stage checks it: a `log1p`
+    feature needs a value above -1, and `valid_range` bounds it (both ends inclusive)."""
+    out = {}
+    for f in config.features.dense:
+        above = -1.0 if f.transform == "log1p" else None
+        lo, hi = f.valid_range or (None, None)
+        if above is not None or lo is not None or hi is not None:
+            out[f.column] = (above, lo, hi)
+    return out
+
+
+def _bound_problem(name: str, value: float, bounds: tuple[float | None, float | None, float | None]) -> str | None:
+    above, lo, hi = bounds
+    if not -_INF < value < _INF:
+        return None  # NaN and infinities: `value_problem` says "must be a finite number"
+    if above is not None and value <= above:
+        return (f"features.{name}: {value!r} is out of range (log1p needs a value > {above:g}); the feature stage "
+                f"quarantines such rows as value_out_of_range")
+    if (lo is not None and value < lo) or (hi is not None and value > hi):
+        return (f"features.{name}: {value!r} is outside its valid range {[lo, hi]} (features.dense valid_range); "
+                f"the feature stage quarantines such rows as value_out_of_range")
+    return None
+
+
 class RequestSchema:
     """What a request may contain under one platform config."""
 
@@ -118,6 +143,9 @@ class RequestSchema:
         # exact-id tables (hashing none): the feature stage quarantines an id outside the table,
         # so serving refuses one too instead of wrapping it onto another id's row
         self._exact = {f.column: f.num_embeddings for f in config.features.sparse if f.hashing == "none"}
+        # the feature stage's value rules (pipelines/ingest.py quarantines a row breaking one as
+        # value_out_of_range or null_key): serving refuses such a request, naming the field
+        self._bounds = dense_bounds(config)
 
     def problem(self, req) -> str | None:
         """What is wrong with one request under this config, or None. The only copy of the rules
@@ -130,6 +158,10 @@ class RequestSchema:
             if missing:
                 return f"missing entity key(s) {missing}; every request needs {self.entity_keys}"
             return f"unknown entity key(s) {short(sorted(set(req.entities) - self._entities), 200)}; entity keys are {self.entity_keys}"
+        for name, value in req.entities.items():
+            if type(value) is str and (S.is_null_like(value) or value.lstrip()[:1] in ("[", "{")):
+                return (f"entities.{name}: {short(value, 40)} is not an id (empty, a spelling of null, or not one "
+                        f"value); the feature stage quarantines such rows as null_key")
         for name, value in req.features.items():
             if name in self._sparse:
                 if type(value) is float:
@@ -139,6 +171,8 @@ class RequestSchema:
             elif name in self._dense:
                 if type(value) is str:
                     return f"feature {name!r} is numeric: send a number, got the string {short(value)}"
+                if value is not None and name in self._bounds and (p := _bound_problem(name, value, self._bounds[name])):
+                    return p
             elif name in self._entities:
                 return f"{short(name)} is an entity key; send it under 'entities', not 'features'"
             else:
