@@ -8,6 +8,8 @@ objective therefore changes the DAGs with no code change.
 
 from __future__ import annotations
 
+import datetime as dt
+
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -206,6 +208,32 @@ UNPAUSE_NOTE = ("Note: unpausing this DAG (the 'Unpause on trigger' box below) a
                 "latest complete `{cron}` interval (UTC) with the default values, besides this run (one runs at a time).")
 
 
+def unpause_interval(cron: str) -> tuple[dt.date, dt.date] | None:
+    """The data interval of the scheduled run an unpause would create now: Airflow's own timetable
+    with catch-up off, asked at the time the DAG file is parsed (so the form's dates stay current).
+    None where Airflow is not installed (the demo and the CLI read the specs too)."""
+    try:
+        from airflow.timetables.base import TimeRestriction
+        from airflow.timetables.interval import CronDataIntervalTimetable
+    except ImportError:
+        return None
+    info = CronDataIntervalTimetable(cron, "UTC").next_dagrun_info(
+        last_automated_data_interval=None, restriction=TimeRestriction(earliest=None, latest=None, catchup=False))
+    return (info.data_interval.start.date(), info.data_interval.end.date()) if info is not None else None
+
+
+def unpause_note(config: PlatformConfig, cron: str) -> str:
+    note = UNPAUSE_NOTE.format(cron=cron)
+    found = unpause_interval(cron)
+    if found is None:
+        return note
+    start, end = found
+    inside = start < config.time_range.end and end > config.time_range.start
+    return (f"{note} Today that is [{start}, {end})"
+            + ("." if inside else f", outside the config's time_range [{config.time_range.start}, "
+               f"{config.time_range.end}): that run is skipped, it processes nothing."))
+
+
 def scheduling(schedule: Schedule) -> str:
     """What Airflow runs for this schedule besides manual triggers: when, on which dates, what an
     unpause starts, catch-up and backfill (the DAG's docs and the trigger form say it)."""
@@ -294,7 +322,7 @@ def dag_specs(config: PlatformConfig) -> list[DagSpec]:
         tasks = steps_of(config, family)
         schedule = getattr(config.schedules, family)
         if schedule.cron and params:
-            params = [replace(params[0], description=f"{params[0].description} {UNPAUSE_NOTE.format(cron=schedule.cron)}"),
+            params = [replace(params[0], description=f"{params[0].description} {unpause_note(config, schedule.cron)}"),
                       *params[1:]]
         out.append(DagSpec(dag_id(config.name, family), family, config.name, f"{config.name}: {description}",
                            _doc(config, family, tasks, schedule), schedule, params, tasks))

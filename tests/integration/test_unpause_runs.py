@@ -100,3 +100,6 @@ def test_cron_dag_trigger_on_paused_dag_creates_the_runs_its_form_names(synced) 
     scheduled = by_type["scheduled"]
     assert (scheduled.data_interval_start, scheduled.data_interval_end) == (today - dt.timedelta(days=1), today)
     assert not scheduled.conf
+    # and the form named those very dates (and that they lie outside the config's time_range)
+    named = f"Today that is [{scheduled.data_interval_start.date()}, {scheduled.data_interval_end.date()}), outside"
+    assert named in dag.params.get_param("start").description

@@ -405,3 +405,21 @@ def test_the_tune_dag_is_manual_and_forwards_its_params_to_the_tune_stage() -> N
     assert kwargs == {"model": "teacher", "trials": 3, "epochs": config.tune.epochs, "nproc": config.training.nproc,
                       "study": "night"}
     assert not _schema_ok(spec, "model", "student")
+
+
+def test_a_cron_dags_form_names_the_dates_an_unpause_runs() -> None:
+    """Airflow creates the latest complete interval's run on unpause; the form says which days,
+    and that a day outside time_range processes nothing."""
+    import datetime as dt
+
+    from lattice.config import load_config
+    from lattice.orchestration.spec import dag_specs, unpause_interval
+
+    cfg = load_config(ROOT / "configs" / "demo.yaml")
+    start, end = unpause_interval("@daily")
+    today = dt.datetime.now(dt.timezone.utc).date()
+    assert (start, end) == (today - dt.timedelta(days=1), today)
+    form = {d.family: d for d in dag_specs(cfg)}["features"].params[0].description
+    assert f"Today that is [{start}, {end}), outside the config's time_range [2026-01-01, 2026-01-15)" in form
+    inside = cfg.model_copy(update={"time_range": cfg.time_range.model_copy(update={"end": today})})
+    assert f"Today that is [{start}, {end})." in {d.family: d for d in dag_specs(inside)}["features"].params[0].description
