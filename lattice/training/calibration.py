@@ -25,7 +25,11 @@ map fitted on one fold scores the other, so every row gets a calibrated logit fr
 never saw its label. The paired bootstrap (lattice.evaluation.compare) of NE(cross-fitted) -
 NE(raw) on the cell's rows gives an interval (`CHOICE_LEVEL`); the map stays when the whole
 interval is below 0 (it helps with 90% one-sided confidence) and is otherwise replaced by the
-identity (the cell scores uncalibrated everywhere: eager, exported, served). Judging on the rows
+identity (the cell scores uncalibrated everywhere: eager, exported, served). One exception: a cell
+whose raw validation calibration lies outside `promotion.calibration` beyond noise (the gate's own
+interval) keeps its map even when its rows are too few to show an NE gain, since the gate would
+refuse the cell without it (a one-day window of a small log: 33 positives, raw calibration 0.54).
+Judging on the rows
 the map was fitted on instead is optimistic (bench/bench_calibration_choice.py measures both).
 The map kept is the one fitted on all the validation rows. Each cell records the decision and its
 figures under `choice`; a dropped cell's fitted map stays under `candidate`, and its own knots are
@@ -301,8 +305,13 @@ def choose(config: PlatformConfig, frame: pd.DataFrame, maps: dict[str, Any], me
                  "val_ne_after": ne(y, cal.loc[sel, f"p_{o}"].to_numpy()), "ne_diff": g["ne_diff"], "low": g["low"],
                  "high": g["high"]}
         fitted = maps["cells"][cell]["method"]
+        refused = _outside_gate(config, y, raw.loc[sel, f"p_{o}"].to_numpy(np.float64))
         if fitted == "identity":
             entry.update(kept=True, reason="no positives or no negatives on validation: the identity")
+        elif refused:
+            # too few rows to show an NE gain, but raw the cell would fail the promotion gate's
+            # calibration check by its own rule: the map is what makes the cell servable
+            entry.update(kept=True, reason=refused)
         elif g["high"] == g["high"] and g["high"] < 0:
             entry.update(kept=True, reason=f"{judge} validation NE {g['ne_diff']:+.4f}, {level:.0%} interval "
                                            f"[{g['low']:+.4f}, {g['high']:+.4f}] below 0")
@@ -311,6 +320,29 @@ def choose(config: PlatformConfig, frame: pd.DataFrame, maps: dict[str, Any], me
                                             f"[{g['low']:+.4f}, {g['high']:+.4f}] not below 0: within noise or worse")
         out[cell] = entry
     return out
+
+
+def _outside_gate(config: PlatformConfig, y: np.ndarray, p: np.ndarray) -> str | None:
+    """Why the raw scores' validation calibration (sum p / sum y) lies outside the promotion gate's
+    `calibration` bounds beyond noise, by the gate's own interval; None when it does not."""
+    from statistics import NormalDist
+
+    from lattice.promotion.gate import CellMetrics
+
+    positives = int(y.sum())
+    if positives == 0 or len(y) == 0:
+        return None
+    expected = float(p.sum())
+    m = CellMetrics(ne=float("nan"), auc=float("nan"), calibration=expected / positives, count=len(y),
+                    positives=positives, expected=expected, variance=float((p * (1 - p)).sum()))
+    gate = config.promotion
+    z = NormalDist().inv_cdf(0.5 + gate.calibration_confidence / 2) if gate.calibration_confidence > 0 else 0.0
+    lo, hi = m.calibration_interval(z)
+    if hi < gate.calibration[0] or lo > gate.calibration[1]:
+        return (f"raw validation calibration {m.calibration:.3f} ({100 * gate.calibration_confidence:g}% interval "
+                f"[{lo:.3f}, {hi:.3f}]) outside promotion.calibration {list(gate.calibration)}: kept, the gate would "
+                "refuse the cell without it")
+    return None
 
 
 def fit_maps(config: PlatformConfig, frame: pd.DataFrame, method: str, min_positives: int = 0, choice: str | None = None,

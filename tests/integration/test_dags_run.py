@@ -252,7 +252,12 @@ def test_a_domain_subset_run_trains_on_that_subset(airflow_db, monkeypatch, tmp_
                    {"domains": ["feed", "video"], "objectives": ["click"], "epochs": 1, "nproc": 1})
     report = json.loads(Path(_xcom(teacher, "evaluate_teacher")["summary"]["report"]).read_text())
     assert set(report["cells"]) == {"feed/click", "video/click"}
-    model = tmp_path / "work" / "models" / "teacher"
-    assert _heads(model / "model.pt") == {"click"}
+    # a subset is its own model variant: it never replaces (here: never creates) the full teacher
+    from lattice.orchestration.run_paths import subset_variant, variant_name
+
+    variant = subset_variant(["feed", "search", "video"], ["click", "conversion"], ["feed", "video"], ["click"])
+    model = tmp_path / "work" / "models" / variant_name("teacher", variant)
+    assert model.name != "teacher" and _heads(model / "model.pt") == {"click"}
     assert _xcom(teacher, "train_teacher")["summary"]["model_dir"] == str(model)
+    assert not (tmp_path / "work" / "models" / "teacher").exists()
     assert not (tmp_path / "work" / ".staging").exists()

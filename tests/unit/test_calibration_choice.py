@@ -186,3 +186,16 @@ def test_the_report_flags_a_constructed_worsening_cell(demo) -> None:
     rows = {r[1]: r for r in calibration_rows(report)}
     assert rows["search/click"][7].startswith("FLAG") and rows["feed/click"][7] == "no"
     assert "FLAG: further from 1" in render_html(report)
+
+
+def test_a_cell_the_gate_would_refuse_raw_keeps_its_map_without_an_ne_proof(demo) -> None:
+    """Too few rows to show an NE gain, but the raw scores' calibration lies outside the gate's
+    bounds beyond noise: the map stays (the gate would refuse the cell raw); inside them it goes."""
+    from lattice.training.calibration import _outside_gate
+
+    cfg = demo
+    rng = np.random.default_rng(0)
+    y = (rng.random(600) < 0.1).astype(float)  # 60 positives
+    assert "outside promotion.calibration" in _outside_gate(cfg, y, np.full(600, 0.05))  # about 0.5
+    assert _outside_gate(cfg, y, np.full(600, 0.1)) is None  # about 1
+    assert _outside_gate(cfg, y, np.full(600, 0.075)) is None  # 0.75: outside, but within noise at 60 positives
