@@ -240,6 +240,13 @@ def run_task(config_file: str | Path, task: TaskSpec, params: dict[str, Any], sp
     """Run one task of a DAG for the config in `config_file`; returns the stage's JSON summary.
     `interval` is (run type, data interval start, end) of the DAG run: a scheduled or backfilled
     run works on its own day (`interval_params`)."""
+    return execute(dag_run_context(config_file, params, specs, interval), task, specs)
+
+
+def dag_run_context(config_file: str | Path, params: dict[str, Any], specs: list[ParamSpec],
+                    interval: tuple[str | None, dt.datetime | None, dt.datetime | None] | None) -> RunContext:
+    """The context of a DAG task: its form's values checked, the config loaded once, and a
+    scheduled or backfilled run's data interval applied to the dates."""
     from lattice.orchestration.locations import paths_for
 
     params = dict(params or {})
@@ -248,7 +255,7 @@ def run_task(config_file: str | Path, task: TaskSpec, params: dict[str, Any], sp
     if interval is not None:
         params = interval_params(params, specs, *interval, config.time_range)
         log.info("data interval of this %s run: [%s, %s)", interval[0], params.get("start"), params.get("end"))
-    return execute(RunContext(config, paths_for(config), params, config_file=str(config_file)), task, specs)
+    return RunContext(config, paths_for(config), params, config_file=str(config_file))
 
 
 def run_steps(config_file: str | Path, steps, params: dict[str, Any], specs: list[ParamSpec],
@@ -257,16 +264,8 @@ def run_steps(config_file: str | Path, steps, params: dict[str, Any], specs: lis
     loaded and the parameters checked once, and every Spark step reuses the session the first
     one started. Each step logs a start line, its summary and its time, as a task of its own would.
     Returns each step's result by step id; a failing step stops the rest (named in the log)."""
-    from lattice.orchestration.locations import paths_for
-
     steps = list(steps)
-    params = dict(params or {})
-    check_params(params, specs)
-    config = _load(str(config_file), [])
-    if interval is not None:
-        params = interval_params(params, specs, *interval, config.time_range)
-        log.info("data interval of this %s run: [%s, %s)", interval[0], params.get("start"), params.get("end"))
-    ctx = RunContext(config, paths_for(config), params, config_file=str(config_file))
+    ctx = dag_run_context(config_file, params, specs, interval)
     results: dict[str, dict[str, Any]] = {}
     started = time.perf_counter()
     for i, step in enumerate(steps, 1):
