@@ -9,7 +9,7 @@ objective therefore changes the DAGs with no code change.
 from __future__ import annotations
 
 import datetime as dt
-
+import sys
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -211,7 +211,11 @@ UNPAUSE_NOTE = ("Note: unpausing this DAG (the 'Unpause on trigger' box below) a
 def unpause_interval(cron: str) -> tuple[dt.date, dt.date] | None:
     """The data interval of the scheduled run an unpause would create now: Airflow's own timetable
     with catch-up off, asked at the time the DAG file is parsed (so the form's dates stay current).
-    None where Airflow is not installed (the demo and the CLI read the specs too)."""
+    None where Airflow is not loaded yet: the demo, the CLI and a task's steps read the specs too,
+    and importing Airflow there would replace the process's logging handlers with its own (a
+    task's stage lines vanished from its log that way). The DAG file has imported it already."""
+    if "airflow" not in sys.modules:
+        return None
     try:
         from airflow.timetables.base import TimeRestriction
         from airflow.timetables.interval import CronDataIntervalTimetable

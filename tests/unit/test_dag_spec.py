@@ -412,6 +412,8 @@ def test_a_cron_dags_form_names_the_dates_an_unpause_runs() -> None:
     and that a day outside time_range processes nothing."""
     import datetime as dt
 
+    import airflow  # noqa: F401  (the DAG file has it loaded when it reads the specs)
+
     from lattice.config import load_config
     from lattice.orchestration.spec import dag_specs, unpause_interval
 
@@ -423,3 +425,16 @@ def test_a_cron_dags_form_names_the_dates_an_unpause_runs() -> None:
     assert f"Today that is [{start}, {end}), outside the config's time_range [2026-01-01, 2026-01-15)" in form
     inside = cfg.model_copy(update={"time_range": cfg.time_range.model_copy(update={"end": today})})
     assert f"Today that is [{start}, {end})." in {d.family: d for d in dag_specs(inside)}["features"].params[0].description
+
+
+def test_specs_read_outside_airflow_leave_the_process_logging_alone() -> None:
+    """The CLI, the demo and a task's steps read the specs; Airflow is not imported for the form's
+    note there (its import replaces the root logger's handlers, and a task's stage lines vanished)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from lattice.config import load_config; from lattice.orchestration.spec import dag_specs; "
+            f"dag_specs(load_config({str(ROOT / 'configs' / 'demo.yaml')!r})); print('airflow' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "False"
