@@ -41,6 +41,11 @@ def log_dir(workdir: Path) -> Path:
     return Path(workdir) / "prediction_log"
 
 
+def monitor_summary(workdir: Path) -> Path:
+    """The monitor stage's last result (read by the server for its per-cell gauges)."""
+    return Path(workdir) / "monitoring" / "summary.json"
+
+
 def hour_of(epoch_seconds: float) -> str:
     return dt.datetime.fromtimestamp(epoch_seconds, dt.timezone.utc).strftime("%Y-%m-%dT%H")
 

@@ -33,6 +33,7 @@ from lattice.monitoring import cells as C
 from lattice.monitoring import report as R
 from lattice.monitoring import rules as rules_mod
 from lattice.monitoring.join import join_labels, read_labels, read_log
+from lattice.monitoring.records import monitor_summary
 from lattice.paths import Paths
 
 log = logging.getLogger(__name__)
@@ -158,7 +159,10 @@ def monitor(config: PlatformConfig, paths: Paths, start: str | dt.datetime | Non
             summary["mlflow_error"] = f"{type(exc).__name__}: {exc}"
     R.write(out_dir / "report.html", summary, cells, drift, mon.rules)
     summary["seconds"] = round(time.perf_counter() - t0, 2)
-    (out_dir / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
+    # written whole then renamed: a server scraping it meanwhile reads the old or the new one
+    tmp = out_dir / "summary.json.tmp"
+    tmp.write_text(json.dumps(summary, indent=1, default=str))
+    tmp.replace(monitor_summary(paths.workdir))
     log.info("monitor: %d prediction(s), %d joined, %d cell-period(s), %d rule(s) tripped, %d need a person",
              summary["rows"]["logged"], summary["rows"]["joined"], len(cells), len(tripped), len(needs_person))
     return summary

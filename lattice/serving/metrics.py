@@ -9,15 +9,20 @@ multiprocess mode), so a scrape sees the whole server, not one worker.
 Per-cell series are (domain, objective): the count of predictions and the sum of probabilities
 (mean = sum / count, as a Prometheus query divides them). Unknown entities (the store answered,
 without this entity) and online-store errors (the store could not be read) are counted apart.
+The monitor's labelled figures per cell (online NE, calibration, ...) join them as gauges
+(`monitor_gauges.py`).
 """
 
 from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 
 import numpy as np
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from lattice.serving.monitor_gauges import MonitorFigures
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 # Set by `lattice serve` when it starts several workers. PROMETHEUS_MULTIPROC_DIR alone does not
@@ -33,11 +38,15 @@ def multiprocess() -> bool:
 
 
 class ServingMetrics:
-    def __init__(self) -> None:
+    def __init__(self, monitor_summary: Path | None = None) -> None:
         self.multiprocess = multiprocess()
         # multiprocess: values live in the shared folder, not in a registry of this process
         own = None if self.multiprocess else CollectorRegistry()
         self._registry = own
+        # the monitor's per-cell figures, read from its summary at scrape time (same in every worker)
+        self.monitor = MonitorFigures(monitor_summary) if monitor_summary is not None else None
+        if own is not None and self.monitor is not None:
+            own.register(self.monitor)
         self.latency = Histogram("lattice_request_duration_seconds", "Time from request to response, by route",
                                  ["route"], buckets=LATENCY_BUCKETS, registry=own)
         self.responses = Counter("lattice_responses", "HTTP responses by route and status", ["route", "status"], registry=own)
@@ -88,6 +97,8 @@ class ServingMetrics:
 
             registry = CollectorRegistry()
             mp.MultiProcessCollector(registry)
+            if self.monitor is not None:
+                registry.register(self.monitor)
             return generate_latest(registry), CONTENT_TYPE_LATEST
         return generate_latest(self._registry), CONTENT_TYPE_LATEST
 

@@ -14,7 +14,7 @@ import numpy as np
 
 from lattice.config import PlatformConfig
 from lattice.data import schema as S
-from lattice.monitoring.records import LogSchema, log_dir
+from lattice.monitoring.records import LogSchema, log_dir, monitor_summary
 from lattice.serving.metrics import ServingMetrics
 from lattice.serving.prediction_log import PredictionLogWriter
 
@@ -24,7 +24,8 @@ log = logging.getLogger(__name__)
 class ServingOps:
     def __init__(self, config: PlatformConfig, workdir: Path | None):
         settings = config.monitoring.prediction_log
-        self.metrics = ServingMetrics() if config.monitoring.metrics else None
+        summary = monitor_summary(workdir) if workdir is not None else None
+        self.metrics = ServingMetrics(summary) if config.monitoring.metrics else None
         self.writer: PredictionLogWriter | None = None
         if settings.enabled and workdir is not None:
             schema = LogSchema(config, features=settings.features)

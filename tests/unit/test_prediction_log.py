@@ -10,6 +10,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
+import pandas as pd
 import pyarrow.dataset as ds
 import pytest
 from fastapi.testclient import TestClient
@@ -238,3 +239,56 @@ def test_merged_requests_make_the_same_rows(config):
     separate = pa.concat_tables([record_batch(schema, **c) for c in items])
     assert merged.equals(separate)
     assert merged.column("model_version").to_pylist() == [4, None, None, 5, 5, 5]
+
+
+def _cell(period: str, version: int = 7, count: int = 400, ne: float = 0.9, auc: float = 0.7, **kw) -> dict:
+    return {"domain": "feed", "objective": "click", "model_version": version, "period": period, "logged": 500,
+            "count": count, "pending": 500 - count, "positives": 40, "label_rate": 0.1, "prediction_mean": 0.12,
+            "calibration": 1.2, "ne": ne, "auc": auc, **kw}
+
+
+def test_monitor_figures_are_gauges_of_the_latest_labelled_period(config, tmp_path):
+    import os
+
+    summary = tmp_path / "monitoring" / "summary.json"
+    summary.parent.mkdir(parents=True)
+    cells = [_cell("2026-01-04", ne=0.95), _cell("2026-01-05", ne=0.9),
+             _cell("2026-01-06", count=0, ne=float("nan")),  # labels not arrived: says nothing yet
+             _cell("2026-01-05", version=6, ne=0.97, auc=float("nan"))]
+    summary.write_text(json.dumps({"cells": cells, "tripped": [{"rule": "calibration"}]}))
+    with TestClient(_app(config, tmp_path)) as client:
+        fam = _families(client.get("/metrics").text)
+        ne = lambda f, v: _value(f, "lattice_online_ne", "lattice_online_ne", domain="feed", objective="click", version=v)
+        assert ne(fam, "7") == pytest.approx(0.9)
+        assert ne(fam, "6") == pytest.approx(0.97)
+        assert _value(fam, "lattice_online_calibration", "lattice_online_calibration", version="7") == pytest.approx(1.2)
+        assert _value(fam, "lattice_online_labels", "lattice_online_labels", version="7") == 400
+        start = _value(fam, "lattice_online_period_start_seconds", "lattice_online_period_start_seconds", version="7")
+        assert start == pd.Timestamp("2026-01-05", tz="UTC").timestamp()
+        assert [s.labels["version"] for s in fam["lattice_online_auc"].samples] == ["7"]  # v6's NaN AUC left out
+        assert _value(fam, "lattice_monitor_rules_tripped", "lattice_monitor_rules_tripped") == 1
+        assert _value(fam, "lattice_monitor_age_seconds", "lattice_monitor_age_seconds") >= 0
+
+        # the monitor runs again: the next scrape shows its new figures
+        summary.write_text(json.dumps({"cells": [_cell("2026-01-06", ne=1.1)], "tripped": []}))
+        os.utime(summary, (1e9, 1e9))
+        fam = _families(client.get("/metrics").text)
+        assert ne(fam, "7") == pytest.approx(1.1)
+        assert _value(fam, "lattice_monitor_rules_tripped", "lattice_monitor_rules_tripped") == 0
+        assert _value(fam, "lattice_monitor_age_seconds", "lattice_monitor_age_seconds") > 1e8
+
+        # a damaged file: the scrape still answers, without figures, and counts the failure
+        summary.write_text("{not json")
+        os.utime(summary, (2e9, 2e9))
+        response = client.get("/metrics")
+        assert response.status_code == 200
+        fam = _families(response.text)
+        assert "lattice_online_ne" not in fam
+        assert _value(fam, "lattice_monitor_read_errors", "lattice_monitor_read_errors") == 1
+
+
+def test_no_monitor_run_yet_means_no_online_figures(config, tmp_path):
+    with TestClient(_app(config, tmp_path)) as client:
+        fam = _families(client.get("/metrics").text)
+    assert "lattice_online_ne" not in fam and "lattice_monitor_age_seconds" not in fam
+    assert _value(fam, "lattice_monitor_read_errors", "lattice_monitor_read_errors") == 0
