@@ -113,15 +113,18 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return sorted(found)
 
 
+def graph_of(mods: dict[str, Path], runtime_only: bool = False) -> dict[str, set[str]]:
+    graph = {m: edges_of(m, p, mods, runtime_only) for m, p in mods.items()}
+    # A package __init__ importing its own submodules is not a design circle; drop edges
+    # from a package to its children so only real two-way ties remain.
+    return {m: {t for t in ts if not t.startswith(m + ".")} for m, ts in graph.items()}
+
+
 def main() -> int:
     repo = Path(__file__).resolve().parents[1]
     mods = module_files(repo)
     for runtime_only in (False, True):
-        graph = {m: edges_of(m, p, mods, runtime_only) for m, p in mods.items()}
-        # A package __init__ importing its own submodules is not a design circle; drop edges
-        # from a package to its children so only real two-way ties remain.
-        for m in graph:
-            graph[m] = {t for t in graph[m] if not t.startswith(m + ".")}
+        graph = graph_of(mods, runtime_only)
         n_edges = sum(len(v) for v in graph.values())
         found = cycles(graph)
         what = "run-time imports only (without `if TYPE_CHECKING:`)" if runtime_only else "all imports"

@@ -133,7 +133,7 @@ def _source(config: PlatformConfig, paths: Paths, agg_name: str):
     if config.feature_store.offline_store == "spark":
         from feast.infra.offline_stores.contrib.spark_offline_store.spark_source import SparkSource
 
-        from features.store import feast_experimental
+        from features.notices import feast_experimental
 
         with feast_experimental():
             return SparkSource(name=f"{agg_name}_source", path=path, file_format="parquet",
@@ -183,7 +183,7 @@ def registered_services(paths: Paths) -> list:
         return []
     from feast import FeatureStore
 
-    from features.store import feast_experimental
+    from features.notices import feast_experimental
 
     try:
         with feast_experimental():
@@ -195,7 +195,7 @@ def registered_services(paths: Paths) -> list:
 def apply_feature_service(config: PlatformConfig, paths: Paths, store, version: int, model: str = SERVABLE) -> str:
     """Apply the FeatureService of registered `model` version `version` (the config's feature
     views: what the model was trained on) to `store`; returns its name."""
-    from features.store import feast_experimental
+    from features.notices import feast_experimental
 
     with feast_experimental():
         service = feature_service(config, paths, version, model=model)
