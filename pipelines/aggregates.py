@@ -8,14 +8,22 @@ Output per aggregate (`paths.aggregates/<name>/`, parquet, Feast-ready):
     <name>_<stat>_<window> ...   (count/positives int64, rate double)
 
 A row is written at the time of every event of the entity (so an example at time t finds the
-row at exactly t, which counts events in [t - window, t)), plus one closing row 1 microsecond
-after the entity's last event that also counts that event: the value online serving needs.
+row at exactly t, which counts events in [t - window, t)), plus a closing row 1 microsecond
+after the entity's last event of each day that also counts that event: the latest one is the
+value online serving needs. (A last event at 23:59:59.999999 gets no closing row: it would
+fall on the next day, which its own run owns.)
+
+The table is kept by day (`date=` folders, `pipelines.day_tables`). A run over a data interval
+recomputes only its days, reading the consolidated events of those days and of the longest
+window before them (what their trailing windows count), so a day's cost does not grow with
+the history; a run without one recomputes every day.
 
     spark-submit pipelines/aggregates.py --config configs/demo.yaml
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import time
 
 if __name__ == "__main__":
@@ -29,6 +37,7 @@ from lattice.config.schema import AggregateFeature
 from lattice.data import schema as S
 from lattice.paths import Paths
 
+from pipelines.day_tables import DAY, day_layout, window_days, write_days
 from pipelines.spark import get_spark
 
 HOUR_US = 3_600_000_000
@@ -64,7 +73,8 @@ def compute_aggregate(config: PlatformConfig, agg: AggregateFeature, examples):
     events = (examples.where(F.col(key).isNotNull())
               .groupBy(key, "event_timestamp")
               .agg(F.sum(mask).cast("long").alias("_n"), F.sum(F.col(lab) * F.col(mask)).cast("long").alias("_p"))
-              .select(key, F.unix_micros("event_timestamp").alias("_t"), "_n", "_p"))
+              .select(key, F.unix_micros("event_timestamp").alias("_t"), F.to_date("event_timestamp").alias("_d"),
+                      "_n", "_p"))
     windows = list(zip(agg.windows, agg.window_hours()))
     zero = F.lit(0).cast("long")
 
@@ -81,8 +91,10 @@ def compute_aggregate(config: PlatformConfig, agg: AggregateFeature, examples):
     parts = [record(F.col("_t"), 0, {w: (F.col("_n"), F.col("_p")) for w, _ in windows})]
     for w, hours in windows:
         parts.append(record(F.col("_t") + hours * HOUR_US, 1, {w: (-F.col("_n"), -F.col("_p"))}))
-    # closing row 1us after the entity's last event: includes that event (for online serving)
-    closing = (events.groupBy(key).agg((F.max("_t") + 1).alias("_t"))
+    # closing row 1us after the entity's last event of each day: includes that event (online
+    # serving reads the latest); kept only inside the same day, which a day's own run writes
+    closing = (events.groupBy(key, "_d").agg((F.max("_t") + 1).alias("_t"))
+               .where(F.to_date(F.timestamp_micros("_t")) == F.col("_d"))
                .select(key, "_t", F.lit(0).alias("_kind"), zero.alias("_own_n"), zero.alias("_own_p"),
                        *[c for w, _ in windows for c in (zero.alias(f"_n_{w}"), zero.alias(f"_p_{w}"))]))
     rows = parts[0]
@@ -98,14 +110,22 @@ def compute_aggregate(config: PlatformConfig, agg: AggregateFeature, examples):
         cols += [stats[s].alias(f"{agg.name}_{s}_{w}") for s in agg.statistics]
     out = rows.select(key, "_t", "_kind", *cols).where(F.col("_kind") == 0)
     out = out.select(key, F.timestamp_micros("_t").alias("event_timestamp"), *[c for c in out.columns if c.startswith(agg.name)])
-    return out.withColumn("created", F.col("event_timestamp"))
+    return (out.withColumn("created", F.col("event_timestamp"))
+            .withColumn(DAY, F.date_format("event_timestamp", "yyyy-MM-dd")))
+
+
+def longest_window(agg: AggregateFeature) -> dt.timedelta:
+    return dt.timedelta(hours=max(agg.window_hours()))
 
 
 def build_aggregates(config: PlatformConfig, paths: Paths, start: str | None = None, end: str | None = None,
                      domains: list[str] | None = None, master: str | None = None) -> dict:
-    """Recompute every aggregate over the whole consolidated table (history before `start`
-    matters to the windows, so a date range does not narrow the input)."""
+    """Every aggregate, for the days of [start, end) (reading those days' events and the longest
+    window before them), or for every day without a range. A domain subset recomputes whole (its
+    aggregates count that subset's events only)."""
     from pyspark.sql import functions as F
+
+    from pipelines.consolidate import run_window
 
     t0 = time.perf_counter()
     spark = get_spark(master, config=config)
@@ -117,14 +137,25 @@ def build_aggregates(config: PlatformConfig, paths: Paths, start: str | None = N
     examples = spark.read.parquet(str(paths.consolidated))
     if domains:
         examples = examples.where(F.col("domain").isin(domains))
+    window = None if domains else run_window(config, start, end)
     for agg in config.features.aggregates:
         t = time.perf_counter()
-        df = compute_aggregate(config, agg, examples)
         target = aggregate_path(paths, agg.name)
-        df.write.mode("overwrite").parquet(str(target))
-        n = spark.read.parquet(str(target)).count()
-        out["aggregates"][agg.name] = {"rows": n, "path": str(target), "entity": entity_column(config, agg),
-                                       "columns": [c for c, _ in feature_columns(agg)]}
+        source, rows = examples, None
+        if window is not None and day_layout(target):
+            # the window's events and the history its trailing windows reach back into; each
+            # day folder then holds the rows at that day's instants
+            lo = window[0] - longest_window(agg)
+            source = examples.where((F.col("event_timestamp") >= F.lit(lo)) & (F.col("event_timestamp") < F.lit(window[1])))
+            rows = F.col(DAY).isin(window_days(window))
+        df = compute_aggregate(config, agg, source)
+        written = write_days(df if rows is None else df.where(rows), target, window)
+        table = spark.read.parquet(str(target))
+        n = table.count()
+        day_rows = table.where(F.col(DAY).isin(written["days"])).count() if written["mode"] == "days" else n
+        out["aggregates"][agg.name] = {"rows": n, "rows_written": day_rows, "path": str(target),
+                                       "entity": entity_column(config, agg),
+                                       "columns": [c for c, _ in feature_columns(agg)], **written}
         out["timings"][agg.name] = round(time.perf_counter() - t, 3)
     out["timings"]["total"] = round(time.perf_counter() - t0, 3)
     return out

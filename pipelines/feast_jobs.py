@@ -23,6 +23,7 @@ from features.repo import definitions, feature_refs, write_repo
 from features.store import feast_experimental, get_store
 from pipelines.aggregates import aggregate_path, entity_column, feature_columns
 from pipelines.consolidate import run_window
+from pipelines.day_tables import DAY, write_days
 from pipelines.spark import get_spark
 
 
@@ -93,8 +94,13 @@ def build_training_set(config: PlatformConfig, paths: Paths, start: str | None =
     cols = S.consolidated_columns(config) + agg_cols
     # sorted within each file: a shuffle delivers rows in no fixed order, and the trainer's
     # (seeded) shuffle must start from the same order on every run and machine
-    joined.select(*cols).sortWithinPartitions("event_timestamp", "example_id").write.mode("overwrite").parquet(str(paths.training_set))
-    rows = spark.read.parquet(str(paths.training_set)).count()
+    # kept by day: a run over a data interval replaces its days and keeps the rest of the table
+    # (a windowed teacher reads its whole window from it)
+    written = write_days(joined.select(*cols).sortWithinPartitions("event_timestamp", "example_id"), paths.training_set,
+                         window if not domains else None)
+    table = spark.read.parquet(str(paths.training_set))
+    rows = table.count()
+    rows_written = table.where(F.col(DAY).isin(written["days"])).count() if written["mode"] == "days" else rows
     timings["join_and_write"] = time.perf_counter() - t
     check = {"rows": 0}
     if agg_cols and rows:
@@ -102,7 +108,8 @@ def build_training_set(config: PlatformConfig, paths: Paths, start: str | None =
         check = feast_cross_check(config, paths, config.feature_store.training_check_rows if check_rows is None else check_rows)
         timings["feast_check"] = time.perf_counter() - t
     timings["total"] = time.perf_counter() - t0
-    return {"stage": "training_set", "rows": rows, "path": str(paths.training_set), "columns": cols,
+    return {"stage": "training_set", "rows": rows, "rows_written": rows_written, **written,
+            "path": str(paths.training_set), "columns": cols,
             "aggregate_columns": agg_cols,
             "feast_check": check, "timings": {k: round(v, 3) for k, v in timings.items()}}
 
@@ -178,13 +185,18 @@ def _relay_feast_driver(store) -> None:
 
 def materialize(config: PlatformConfig, paths: Paths, start: str | None = None, end: str | None = None,
                 domains: list[str] | None = None, master: str | None = None) -> dict:
-    """Load the latest aggregate values per entity into the online store (SQLite / Redis)."""
+    """Load the latest aggregate values per entity into the online store (SQLite / Redis): the
+    rows from the run's first day on (incremental), or every row without a date range."""
     t0 = time.perf_counter()
     if not config.features.aggregates:
         return {"stage": "materialize", "feature_views": [], "timings": {"total": 0.0}}
     store = get_store(config, paths)
     _relay_feast_driver(store)
-    lo = dt.datetime.combine(config.time_range.start, dt.time(), tzinfo=dt.timezone.utc) - dt.timedelta(days=1)
+    # from the run's first day on (a day's run loads that day's values; a backfilled old day loads
+    # every later day again too, so the store ends at the newest values, not the backfilled ones)
+    window = run_window(config, start, end)
+    first = window[0].date() if window is not None else config.time_range.start - dt.timedelta(days=1)
+    lo = dt.datetime.combine(first, dt.time(), tzinfo=dt.timezone.utc)
     hi = dt.datetime.combine(config.time_range.end, dt.time(), tzinfo=dt.timezone.utc) + dt.timedelta(days=1)
     views = [a.name for a in config.features.aggregates]
     with feast_experimental():

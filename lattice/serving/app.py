@@ -25,6 +25,7 @@ import hmac
 import json
 import logging
 import os
+import re
 import time
 from contextlib import asynccontextmanager
 from typing import Any
@@ -32,6 +33,7 @@ from typing import Any
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.concurrency import run_in_threadpool
 import msgspec
+import numpy as np
 from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 from starlette.requests import ClientDisconnect
@@ -52,6 +54,20 @@ log = logging.getLogger(__name__)
 access_log = logging.getLogger("lattice.serving.access")
 
 _TOO_DEEP = "body is nested too deeply to be a request (a request is at most 4 levels deep)"
+# A request is 4 levels deep; past this the body is refused before a decoder recurses into it.
+# The decoders' own limit is the interpreter's recursion limit, which a library in the process
+# may raise (the 400 then became a 422 only in some processes).
+_MAX_DEPTH = 64
+_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
+
+
+def _too_deep(raw: bytes) -> bool:
+    """Bracket depth of the body outside its strings exceeds _MAX_DEPTH (C-speed scans only)."""
+    if raw.count(b"[") + raw.count(b"{") <= _MAX_DEPTH:
+        return False
+    codes = np.frombuffer(_STRING.sub(b"", raw), np.uint8)
+    step = np.isin(codes, (ord("["), ord("{"))).astype(np.int32) - np.isin(codes, (ord("]"), ord("}")))
+    return bool(len(step)) and int(np.cumsum(step).max()) > _MAX_DEPTH
 _MAX_MESSAGES = 5  # a batch with many bad requests: the first few problems, and a count
 
 
@@ -103,6 +119,8 @@ def _parse_slow(raw: bytes, max_batch: int) -> tuple[list[PredictRequest], bool]
     except UnicodeDecodeError as exc:
         raise RequestError(None, f"body is not UTF-8 text (byte {exc.start} is {raw[exc.start:exc.start + 1]!r}); "
                                  "send JSON encoded as UTF-8", status=400) from None
+    if _too_deep(raw):
+        raise RequestError(None, _TOO_DEEP, status=400)
     try:
         body = json.loads(text)
     except json.JSONDecodeError as exc:

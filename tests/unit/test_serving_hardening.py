@@ -374,3 +374,22 @@ def test_access_log_has_one_line_per_request_and_no_secrets(base_config, monkeyp
         caplog.clear()
         c.post("/predict", json=GOOD)
     assert not [r for r in caplog.records if r.name == "lattice.serving.access"]
+
+
+@pytest.mark.parametrize("body", [b"[" * 5000, b'{"requests": ' + b"[" * 3000 + b"]" * 3000 + b"}",
+                                  _raw(price="[" * 3000 + "]" * 3000), b'{"domain": "' + b"[" * 5000 + b'"' + b"}" * 70])
+def test_depth_is_judged_by_the_server_not_the_recursion_limit(client, body):
+    """A library may raise the interpreter's recursion limit (Airflow's task SDK does); a deep
+    body is still a 400 then, and brackets inside a string are text, not depth."""
+    import sys
+
+    old = sys.getrecursionlimit()
+    sys.setrecursionlimit(100_000)
+    try:
+        resp = _post(client, body)
+    finally:
+        sys.setrecursionlimit(old)
+    if body.startswith(b'{"domain": "['):  # 70 closing braces: deep text, shallow JSON, malformed
+        assert resp.status_code == 422, resp.text
+    else:
+        assert resp.status_code == 400 and "nested too deeply" in resp.json()["detail"], resp.text
