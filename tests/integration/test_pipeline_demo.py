@@ -208,3 +208,70 @@ def test_feast_cross_check_agrees_and_catches_a_wrong_value(demo, tmp_path):
     wrong = SimpleNamespace(training_set=tmp_path / "ts", feast_repo=paths.feast_repo, workdir=paths.workdir)
     with pytest.raises(TrainingSetMismatch, match="user_click_count_7d"):
         feast_cross_check(config, wrong, 200)
+
+
+def _sorted(frame: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    frame = frame.assign(date=frame["date"].astype(str)) if "date" in frame else frame
+    return frame.sort_values(keys, kind="stable").reset_index(drop=True)[sorted(frame.columns)]
+
+
+def test_a_days_run_recomputes_that_day_only_and_equals_the_whole_table(demo, spark):
+    """Issue 34: a run over one day reads that day's events and the longest window before it,
+    replaces that day's folders of the aggregates and the training set, keeps every other day
+    (a windowed teacher reads its whole window from the training set), equals what the whole
+    recompute wrote, and loads the online store from that day on."""
+    from pipelines.aggregates import build_aggregates
+    from pipelines.feast_jobs import build_training_set, materialize
+
+    config, paths = demo["config"], demo["paths"]
+    agg_names = [a.name for a in config.features.aggregates]
+    assert all((paths.aggregate(n) / f"date={config.time_range.start}").is_dir() for n in agg_names)  # kept by day
+    before_ts = read_table(paths.training_set)
+    before_agg = {n: read_table(paths.aggregate(n)) for n in agg_names}
+    days = sorted(before_ts["date"].astype(str).unique())
+    day = days[len(days) // 2]
+    nxt = str(dt.date.fromisoformat(day) + dt.timedelta(days=1))
+
+    aggs = build_aggregates(config, paths, start=day, end=nxt)
+    ts = build_training_set(config, paths, start=day, end=nxt, check_rows=50)
+    online = materialize(config, paths, start=day, end=nxt)
+
+    for name in agg_names:
+        got = aggs["aggregates"][name]
+        assert (got["mode"], got["days"], got["removed_days"]) == ("days", [day], [])
+        after = read_table(paths.aggregate(name))
+        assert got["rows_written"] == int((after["date"].astype(str) == day).sum()) > 0
+        keys = [got["entity"], "event_timestamp"]
+        pd.testing.assert_frame_equal(_sorted(after, keys), _sorted(before_agg[name], keys), check_dtype=False,
+                                      check_categorical=False)
+    assert (ts["mode"], ts["days"]) == ("days", [day])
+    assert ts["rows_written"] == int((before_ts["date"].astype(str) == day).sum())
+    assert ts["rows"] == len(before_ts) and ts["feast_check"]["mismatches"] == 0
+    after_ts = read_table(paths.training_set)
+    assert sorted(after_ts["date"].astype(str).unique()) == days
+    pd.testing.assert_frame_equal(_sorted(after_ts, ["example_id"]), _sorted(before_ts, ["example_id"]),
+                                  check_dtype=False, check_categorical=False)
+    assert online["start"].startswith(day)
+
+
+def test_a_day_whose_rows_are_gone_loses_its_folder_and_no_other(spark, tmp_path):
+    from pyspark.sql import functions as F
+
+    from pipelines.day_tables import write_days
+
+    root = tmp_path / "table"
+    frame = spark.createDataFrame([(i, f"2026-01-0{1 + i % 3}") for i in range(30)], ["x", "date"])
+    whole = write_days(frame, root, None)
+    assert whole["mode"] == "whole" and whole["days"] == ["2026-01-01", "2026-01-02", "2026-01-03"]
+    window = (dt.datetime(2026, 1, 2), dt.datetime(2026, 1, 4))
+    day2 = write_days(frame.where(F.col("date") == "2026-01-02").withColumn("x", F.col("x") + 100), root, window)
+    assert (day2["mode"], day2["days"], day2["removed_days"]) == ("days", ["2026-01-02", "2026-01-03"], ["2026-01-03"])
+    got = read_table(root)
+    assert sorted(got["date"].astype(str).unique()) == ["2026-01-01", "2026-01-02"]
+    assert sorted(got.loc[got["date"].astype(str) == "2026-01-02", "x"]) == [101, 104, 107, 110, 113, 116, 119, 122, 125, 128]
+    assert len(got) == 20
+    # a table in the flat layout of an older version is rewritten whole, never mixed with day folders
+    flat = tmp_path / "flat"
+    frame.drop("date").write.parquet(str(flat))
+    assert write_days(frame, flat, window)["mode"] == "whole"
+    assert len(read_table(flat)) == 30
