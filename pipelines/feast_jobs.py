@@ -23,7 +23,7 @@ from features.repo import definitions, feature_refs, write_repo
 from features.store import feast_experimental, get_store
 from pipelines.aggregates import aggregate_path, entity_column, feature_columns
 from pipelines.consolidate import run_window
-from pipelines.day_tables import DAY, write_days
+from pipelines.day_tables import DAY, day_layout, write_days
 from pipelines.spark import get_spark
 
 
@@ -74,7 +74,11 @@ def build_training_set(config: PlatformConfig, paths: Paths, start: str | None =
     if not paths.consolidated.is_dir():
         raise FileNotFoundError(f"no consolidated table at {paths.consolidated}; run the consolidate stage first")
     examples = spark.read.parquet(str(paths.consolidated))
+    # a window replaces its days of a table kept by day; a first run, a flat table of an older
+    # version or a domain subset is built whole (a window alone would leave only its days)
     window = run_window(config, start, end)
+    if window is not None and (domains or not day_layout(paths.training_set)):
+        window = None
     if window:
         examples = examples.where((F.col("event_timestamp") >= F.lit(window[0])) & (F.col("event_timestamp") < F.lit(window[1])))
     if domains:
@@ -97,7 +101,7 @@ def build_training_set(config: PlatformConfig, paths: Paths, start: str | None =
     # kept by day: a run over a data interval replaces its days and keeps the rest of the table
     # (a windowed teacher reads its whole window from it)
     written = write_days(joined.select(*cols).sortWithinPartitions("event_timestamp", "example_id"), paths.training_set,
-                         window if not domains else None)
+                         window)
     table = spark.read.parquet(str(paths.training_set))
     rows = table.count()
     rows_written = table.where(F.col(DAY).isin(written["days"])).count() if written["mode"] == "days" else rows

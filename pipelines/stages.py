@@ -52,9 +52,10 @@ def run_features(config: PlatformConfig, paths: Paths, start: str | None = None,
     try:
         for name in chain(config):
             t = time.perf_counter()
-            # the window and domain filter choose what is (re)ingested; everything downstream is
-            # rebuilt from the whole consolidated table (windows need history, models need all days)
-            scope = {"start": start, "end": end, "domains": domains} if name == "consolidate" else {}
+            # the window applies to every stage (each replaces its days: pipelines.day_tables); the
+            # domain filter only chooses what is (re)ingested: an aggregate counts all domains'
+            # events, and the training set and online store serve every model
+            scope = {"start": start, "end": end, **({"domains": domains} if name == "consolidate" else {})}
             res = _job(name)(config, paths, master=master, **scope)
             res["seconds"] = round(time.perf_counter() - t, 3)
             summary["stages"][name] = res

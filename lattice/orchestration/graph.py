@@ -81,6 +81,10 @@ TRAINING = {"epochs": "epochs", "nproc": "nproc", "end": "end"}
 
 def _features(config: PlatformConfig) -> list[TaskSpec]:
     every = {**INTERVAL, "domains": "domains", "spark_master": "master"}
+    # downstream of consolidate a run works on its days for every domain: an aggregate counts an
+    # entity's events in all domains, and the training set and online store serve every model
+    # (a domain subset there rewrote them with that subset's rows only)
+    days = {**INTERVAL, "spark_master": "master"}
     steps = []
     if config.synthetic is not None:
         steps.append(TaskSpec("synthesize_raw_logs", "synth", "Generate the synthetic raw logs unless they already exist.",
@@ -90,11 +94,11 @@ def _features(config: PlatformConfig) -> list[TaskSpec]:
                  "Ingest every domain's raw log, validate it (bad rows to quarantine) and write the consolidated examples.",
                  forward=every, reads=("raw",), writes=("consolidated", "quarantine", "validation")),
         TaskSpec("aggregates", "aggregates", "Point-in-time entity aggregates over the consolidated examples.",
-                 forward=every, reads=("consolidated",), writes=("aggregates",)),
+                 forward=days, reads=("consolidated",), writes=("aggregates",)),
         TaskSpec("feast_apply", "feast_apply", "Register the entities and feature views in Feast (each registered model version gets its own FeatureService at registration).",
-                 forward=every, reads=("aggregates",), writes=("feast_repo",)),
+                 forward=days, reads=("aggregates",), writes=("feast_repo",)),
         TaskSpec("training_set", "training_set",
-                 "Point-in-time join of examples and Feast features into the training set.", forward=every,
+                 "Point-in-time join of examples and Feast features into the training set.", forward=days,
                  reads=("consolidated", "feast_repo"), writes=("training_set",)),
     ]
     if any(f.hashing in HASHING_NEEDS_FIT for f in config.features.sparse):
@@ -104,7 +108,7 @@ def _features(config: PlatformConfig) -> list[TaskSpec]:
                               "Fit the id -> row maps of the vocab / mixed / learned sparse features on the training split.",
                               forward={"spark_master": "master"}, reads=("training_set",), writes=("hashing",)))
     steps.append(TaskSpec("materialize", "materialize", "Load the latest feature values into the online store.",
-                          forward=every, outlet="features", reads=("feast_repo",), writes=("online_store",)))
+                          forward=days, outlet="features", reads=("feast_repo",), writes=("online_store",)))
     return [_in(s, "features") for s in steps]
 
 
