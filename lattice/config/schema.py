@@ -482,6 +482,29 @@ class Baselines(Strict):
     """LightGBM settings of `gbdt` and `gbdt_cell`."""
 
 
+class TreeLeaves(Strict):
+    """Leaf features (He et al. 2014): a LightGBM fitted on the train split turns each row into
+    one leaf id per tree, and those ids enter a deep model as one more sparse feature. Off by
+    default: its fit stage (`lattice trees fit`, issue 38) is not built yet, so a config that
+    enables it is refused rather than silently trained without leaves."""
+
+    models: list[Literal["teacher", "student"]] = Field(default_factory=list)
+    """The networks that read leaf ids (empty: none; the default)."""
+    num_trees: int = Field(default=50, ge=1)
+    """Trees fitted, hence leaf ids per row (one sparse id per tree)."""
+    num_leaves: int = Field(default=31, ge=2)
+    """Leaves per tree (LightGBM `num_leaves`): the id space of each tree's feature."""
+
+    @model_validator(mode="after")
+    def _not_built(self):
+        if self.models:
+            raise ValueError(
+                f"models.leaves.models = {self.models}: leaf features need the `lattice trees fit` stage, "
+                "which this version does not have yet (issue 38); set models.leaves.models to [] "
+                "(the default)")
+        return self
+
+
 class Models(Strict):
     teacher: ModelSize = Field(default_factory=lambda: ModelSize(embedding_dim=32, num_layers=3, num_tokens=16, head_dims=[128]))
     """The large multi-domain multi-objective network; its scores are the student's soft labels."""
@@ -491,6 +514,8 @@ class Models(Strict):
     baselines: Baselines = Field(default_factory=Baselines)
     """Reference models trained next to the teacher, to measure what sharing across domains and
     objectives gains."""
+    leaves: TreeLeaves = Field(default_factory=TreeLeaves)
+    """Leaf features from gradient-boosted trees for the deep models; off by default."""
 
 
 # ---------------------------------------------------------------- training and later stages
