@@ -485,8 +485,10 @@ class Baselines(Strict):
 class TreeLeaves(Strict):
     """Leaf features (He et al. 2014): a LightGBM fitted on the train split turns each row into
     one leaf id per tree, and those ids enter a deep model as one more sparse feature. Off by
-    default: its fit stage (`lattice trees fit`, issue 38) is not built yet, so a config that
-    enables it is refused rather than silently trained without leaves."""
+    default. `lattice trees fit` fits the trees (one booster per objective, `num_trees` and
+    `num_leaves` here, the other LightGBM settings of `baselines.trees`); the models do not read
+    the leaf ids yet (issue 38), so a config that enables them is refused rather than silently
+    trained without leaves."""
 
     models: list[Literal["teacher", "student"]] = Field(default_factory=list)
     """The networks that read leaf ids (empty: none; the default)."""
@@ -499,9 +501,8 @@ class TreeLeaves(Strict):
     def _not_built(self):
         if self.models:
             raise ValueError(
-                f"models.leaves.models = {self.models}: leaf features need the `lattice trees fit` stage, "
-                "which this version does not have yet (issue 38); set models.leaves.models to [] "
-                "(the default)")
+                f"models.leaves.models = {self.models}: the deep models do not read leaf ids yet (issue 38; "
+                "`lattice trees fit` fits the trees alone); set models.leaves.models to [] (the default)")
         return self
 
 
