@@ -64,6 +64,12 @@ class Paths:
         home = self.workdir.parent.parent if self.workdir.parent.name == ".staging" else self.workdir
         return home / "hashing"
 
+    @property
+    def trees(self) -> Path:
+        """Fitted leaf-feature trees (`lattice trees fit`): boosters/<objective>.txt, manifest.json."""
+        home = self.workdir.parent.parent if self.workdir.parent.name == ".staging" else self.workdir
+        return home / "trees"
+
     # model stages
     @property
     def models(self) -> Path:

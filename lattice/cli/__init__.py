@@ -7,7 +7,7 @@ import argparse
 import importlib
 import sys
 
-COMMANDS = ["config_cmd", "synth_cmd", "features_cmd", "hashing_cmd", "train_cmd", "evaluate_cmd", "airflow_cmd", "distill_cmd",
+COMMANDS = ["config_cmd", "synth_cmd", "features_cmd", "hashing_cmd", "trees_cmd", "train_cmd", "evaluate_cmd", "airflow_cmd", "distill_cmd",
             "promote_cmd", "serve_cmd", "predict_cmd", "monitor_cmd", "demo_cmd", "run_cmd", "fp8_cmd", "tune_cmd"]
 
 

@@ -482,6 +482,30 @@ class Baselines(Strict):
     """LightGBM settings of `gbdt` and `gbdt_cell`."""
 
 
+class TreeLeaves(Strict):
+    """Leaf features (He et al. 2014): a LightGBM fitted on the train split turns each row into
+    one leaf id per tree, and those ids enter a deep model as one more sparse feature. Off by
+    default. `lattice trees fit` fits the trees (one booster per objective, `num_trees` and
+    `num_leaves` here, the other LightGBM settings of `baselines.trees`); the models do not read
+    the leaf ids yet (issue 38), so a config that enables them is refused rather than silently
+    trained without leaves."""
+
+    models: list[Literal["teacher", "student"]] = Field(default_factory=list)
+    """The networks that read leaf ids (empty: none; the default)."""
+    num_trees: int = Field(default=50, ge=1)
+    """Trees fitted, hence leaf ids per row (one sparse id per tree)."""
+    num_leaves: int = Field(default=31, ge=2)
+    """Leaves per tree (LightGBM `num_leaves`): the id space of each tree's feature."""
+
+    @model_validator(mode="after")
+    def _not_built(self):
+        if self.models:
+            raise ValueError(
+                f"models.leaves.models = {self.models}: the deep models do not read leaf ids yet (issue 38; "
+                "`lattice trees fit` fits the trees alone); set models.leaves.models to [] (the default)")
+        return self
+
+
 class Models(Strict):
     teacher: ModelSize = Field(default_factory=lambda: ModelSize(embedding_dim=32, num_layers=3, num_tokens=16, head_dims=[128]))
     """The large multi-domain multi-objective network; its scores are the student's soft labels."""
@@ -491,6 +515,8 @@ class Models(Strict):
     baselines: Baselines = Field(default_factory=Baselines)
     """Reference models trained next to the teacher, to measure what sharing across domains and
     objectives gains."""
+    leaves: TreeLeaves = Field(default_factory=TreeLeaves)
+    """Leaf features from gradient-boosted trees for the deep models; off by default."""
 
 
 # ---------------------------------------------------------------- training and later stages
