@@ -281,7 +281,7 @@ def render_html(report: dict[str, Any]) -> str:
         parts.append(_table([[k, v] for k, v in serving.items()], ["measure", "value"]))
 
     parts.append("<h2>Timings</h2>")
-    parts.append(_table([[t["stage"], t["title"], t["seconds"], t["status"]] for t in report.get("timings", [])],
+    parts.append(_table([[t["stage"], t["title"], f"{t['seconds']:.2f}", t["status"]] for t in report.get("timings", [])],
                         ["stage", "what", "seconds", "status"]))
     machine = h.get("machine", {})
     parts.append(_table([[k, v] for k, v in machine.items()], ["machine", ""]))

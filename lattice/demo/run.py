@@ -77,7 +77,7 @@ class DemoRunner:
         return rec.summary
 
     def timings(self) -> list[dict[str, Any]]:
-        return [{"stage": r.name, "title": r.title, "seconds": round(r.seconds, 2), "status": r.status} for r in self.records]
+        return [{"stage": r.name, "title": r.title, "seconds": r.seconds, "status": r.status} for r in self.records]
 
     def header(self) -> dict[str, Any]:
         return {

@@ -35,6 +35,7 @@ from lattice.relay import ENV, _kill_tree, _pump, is_terminal
 # (a killed peer closes its sockets, so gloo fails them within seconds) before they are killed
 NODE_GRACE_S = 30.0
 
+_SIGTERM = 15
 _ROOT = re.compile(r"rank\s*:\s*(\d+) \(local_rank: (\d+)\)\s*\n\s*exitcode\s*:\s*(-?\d+)")
 
 
@@ -164,13 +165,19 @@ def rank_errors(folder: Path, node: int) -> list[RankError]:
 def failure_from(tail: list[str], node: int | None = None) -> Failure | None:
     """The root-cause rank of torchrun's failure summary in `tail` (its stderr's last lines)."""
     found = [Failure(int(m[1]), int(m[2]), int(m[3]), node) for m in _ROOT.finditer("\n".join(tail))]
-    return found[-1] if found else None
+    if not found:
+        return None
+    # torchrun SIGTERMs the survivors once one rank dies, and may then call a survivor the root
+    # cause; a rank killed by any other signal (an OOM kill, a SIGKILL) is the one that died first
+    outside = [f for f in found if f.exitcode < 0 and f.exitcode != -_SIGTERM]
+    return outside[0] if outside else found[-1]
 
 
 def pick(failures: list[Failure]) -> Failure | None:
     """The rank that died first in spirit: one killed by a signal over one that failed because a
     peer vanished (which exits with 1 from the broken collective)."""
-    return next((f for f in failures if f.exitcode < 0), failures[0] if failures else None)
+    return next((f for f in failures if f.exitcode < 0 and f.exitcode != -_SIGTERM),
+                next((f for f in failures if f.exitcode < 0), failures[0] if failures else None))
 
 
 class RankFailed(RuntimeError):

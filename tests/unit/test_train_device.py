@@ -153,6 +153,35 @@ def test_failure_summary_names_rank_node_and_resume() -> None:
     assert str(err).endswith("Resume from the last checkpoint with: lattice train c.yaml --model teacher --resume")
 
 
+TERMINATED_ROOT = """Failures:
+[1]:
+  time      : 2026-12-05_12:36:11
+  host      : box
+  rank      : 1 (local_rank: 1)
+  exitcode  : -9 (pid: 4243)
+  error_file: <N/A>
+  traceback : Signal 9 (SIGKILL) received by PID 4243
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-12-05_12:36:11
+  host      : box
+  rank      : 0 (local_rank: 0)
+  exitcode  : -15 (pid: 4242)
+  error_file: <N/A>
+  traceback : Signal 15 (SIGTERM) received by PID 4242
+============================================================"""
+
+
+def test_a_survivor_torchrun_terminated_is_not_named_as_the_cause() -> None:
+    """Seen on CI: rank 1 was SIGKILLed, torchrun SIGTERMed rank 0 and listed it as the root cause."""
+    assert launch.failure_from(TERMINATED_ROOT.splitlines(), node=0) == launch.Failure(1, 1, -9, 0)
+    termed = launch.Failure(rank=0, local_rank=0, exitcode=-15, node=0)
+    killed = launch.Failure(rank=2, local_rank=0, exitcode=-9, node=1)
+    assert launch.pick([termed, killed]) is killed
+    assert launch.pick([launch.Failure(0, 0, 1, 0), termed]) is termed
+
+
 @pytest.mark.slow
 def test_a_rank_that_raises_is_named_by_its_error_file(tmp_path) -> None:
     """Two real ranks under torchrun whose run spec cannot be read: each rank's `record` writes
