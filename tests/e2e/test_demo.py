@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 STAGES = ["synthesize_raw_logs", "consolidate", "aggregates", "feast_apply", "training_set", "materialize",
           "train_teacher", "evaluate_teacher", "register_teacher", "train_separate", "train_pooled", "train_mmoe",
           "train_gbdt", "train_gbdt_cell", "evaluate_vs_trees", "distill_student", "export_student", "register_student",
-          "gate_and_promote", "refresh_report", "serve"]
+          "gate", "promote_challenger", "refresh_report", "serve"]
 
 
 def _tiny_demo_config(folder: Path) -> Path:
