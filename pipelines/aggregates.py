@@ -16,7 +16,9 @@ fall on the next day, which its own run owns.)
 The table is kept by day (`date=` folders, `pipelines.day_tables`). A run over a data interval
 recomputes only its days, reading the consolidated events of those days and of the longest
 window before them (what their trailing windows count), so a day's cost does not grow with
-the history; a run without one recomputes every day.
+the history; a run without one recomputes every day. A run over days that precede kept days (a
+backfill out of order, a re-run for late files) also recomputes the kept days whose trailing
+windows read its days (`day_tables.reach_forward`), and says which.
 
     spark-submit pipelines/aggregates.py --config configs/demo.yaml
 """
@@ -37,7 +39,7 @@ from lattice.config.schema import AggregateFeature
 from lattice.data import schema as S
 from lattice.paths import Paths
 
-from pipelines.day_tables import DAY, day_layout, window_days, write_days
+from pipelines.day_tables import DAY, day_layout, reach_forward, window_days, write_days
 from pipelines.spark import get_spark
 
 HOUR_US = 3_600_000_000
@@ -142,14 +144,17 @@ def build_aggregates(config: PlatformConfig, paths: Paths, start: str | None = N
         t = time.perf_counter()
         target = aggregate_path(paths, agg.name)
         source, rows = examples, None
-        if window is not None and day_layout(target):
+        days, later = reach_forward(target, window, longest_window(agg))
+        if later:
+            out.setdefault("recomputed_later_days", {})[agg.name] = later
+        if days is not None and day_layout(target):
             # the window's events and the history its trailing windows reach back into; each
             # day folder then holds the rows at that day's instants
-            lo = window[0] - longest_window(agg)
-            source = examples.where((F.col("event_timestamp") >= F.lit(lo)) & (F.col("event_timestamp") < F.lit(window[1])))
-            rows = F.col(DAY).isin(window_days(window))
+            lo = days[0] - longest_window(agg)
+            source = examples.where((F.col("event_timestamp") >= F.lit(lo)) & (F.col("event_timestamp") < F.lit(days[1])))
+            rows = F.col(DAY).isin(window_days(days))
         df = compute_aggregate(config, agg, source)
-        written = write_days(df if rows is None else df.where(rows), target, window)
+        written = write_days(df if rows is None else df.where(rows), target, days)
         table = spark.read.parquet(str(target))
         n = table.count()
         day_rows = table.where(F.col(DAY).isin(written["days"])).count() if written["mode"] == "days" else n

@@ -44,6 +44,27 @@ def _files(folder: Path) -> set[str]:
     return {p.name for p in folder.iterdir()} if folder.is_dir() else set()
 
 
+def reach_forward(root: Path, window: tuple[dt.datetime, dt.datetime] | None,
+                  reach: dt.timedelta) -> tuple[tuple[dt.datetime, dt.datetime] | None, list[str]]:
+    """A run over days that come before days `root` already holds (a backfill out of order, a late
+    file re-run): the later days whose trailing windows (at most `reach` long) read the run's days
+    are recomputed with them, so no kept day is left computed from the old events. Returns the
+    window extended to cover them, and those days."""
+    if window is None or not day_layout(root) or reach <= dt.timedelta(0):
+        return window, []
+    hi = window[1]
+    # a day d reads events back to d - reach: it reads the run's days when d < hi + reach
+    later = [d for d in written_days(root)
+             if hi.date() <= dt.date.fromisoformat(d) and dt.datetime.combine(dt.date.fromisoformat(d), dt.time(),
+                                                                               hi.tzinfo) < hi + reach]
+    if not later:
+        return window, []
+    end = dt.datetime.combine(dt.date.fromisoformat(later[-1]) + dt.timedelta(days=1), dt.time(), hi.tzinfo)
+    log.info("%s: the run's days [%s, %s) precede kept days %s..%s whose trailing windows read them; "
+             "those are recomputed too", root.name, window[0].date(), hi.date(), later[0], later[-1])
+    return (window[0], end), later
+
+
 def write_days(frame, root: Path, window: tuple[dt.datetime, dt.datetime] | None) -> dict:
     """Write `frame` (a Spark DataFrame with a `date` column) under `root` by day; see the module
     docstring for what is replaced. Returns the mode used and the days written and removed."""

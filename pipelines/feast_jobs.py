@@ -21,9 +21,9 @@ from lattice.paths import Paths
 
 from features.repo import definitions, feature_refs, write_repo
 from features.store import feast_experimental, get_store
-from pipelines.aggregates import aggregate_path, entity_column, feature_columns
+from pipelines.aggregates import aggregate_path, entity_column, feature_columns, longest_window
 from pipelines.consolidate import run_window
-from pipelines.day_tables import DAY, day_layout, write_days
+from pipelines.day_tables import DAY, day_layout, reach_forward, write_days
 from pipelines.spark import get_spark
 
 
@@ -79,6 +79,11 @@ def build_training_set(config: PlatformConfig, paths: Paths, start: str | None =
     window = run_window(config, start, end)
     if window is not None and (domains or not day_layout(paths.training_set)):
         window = None
+    later: list[str] = []
+    if window is not None and config.features.aggregates:
+        # the kept days after the run's whose aggregates the run recomputed (pipelines.aggregates)
+        reach = max(longest_window(a) for a in config.features.aggregates)
+        window, later = reach_forward(paths.training_set, window, reach)
     if window:
         examples = examples.where((F.col("event_timestamp") >= F.lit(window[0])) & (F.col("event_timestamp") < F.lit(window[1])))
     if domains:
@@ -112,7 +117,7 @@ def build_training_set(config: PlatformConfig, paths: Paths, start: str | None =
         check = feast_cross_check(config, paths, config.feature_store.training_check_rows if check_rows is None else check_rows)
         timings["feast_check"] = time.perf_counter() - t
     timings["total"] = time.perf_counter() - t0
-    return {"stage": "training_set", "rows": rows, "rows_written": rows_written, **written,
+    return {"stage": "training_set", "rows": rows, "rows_written": rows_written, **written, "recomputed_later_days": later,
             "path": str(paths.training_set), "columns": cols,
             "aggregate_columns": agg_cols,
             "feast_check": check, "timings": {k: round(v, 3) for k, v in timings.items()}}

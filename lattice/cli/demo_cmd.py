@@ -6,6 +6,10 @@ import argparse
 from pathlib import Path
 
 
+def _f(value) -> str:
+    return "-" if value is None or value != value else f"{value:.4f}"
+
+
 def _summary(report: dict) -> str:
     from lattice.demo.report import version_label as _v
 
@@ -18,6 +22,16 @@ def _summary(report: dict) -> str:
     promo = report.get("promotion") or {}
     if promo:
         lines.append(f"\nPromotion: {promo.get('decision', '?')} (champion {_v(promo.get('champion_before'))} -> {_v(promo.get('champion_after'))})")
+    life = (report.get("days") or {}).get("rounds") or []
+    if life:
+        lines.append(f"\nDays (training.window {report['days']['window']}; next-day macro NE of the challenger / champion):")
+        for r in life:
+            ne = r.get("next_day_macro_ne") or {}
+            champ = ne.get("champion")
+            lines.append(f"  {r['test_day']}  {r['warm_start']:<5} trained on {len(r['trained_days']):>2} new day(s), "
+                         f"{r['teacher_examples']:>7,} examples; v{r.get('challenger_version')} "
+                         f"{_f(ne.get('challenger'))} / {_f(champ)}: {r.get('decision')} "
+                         f"(champion {_v(r.get('champion_before'))} -> {_v(r.get('champion_after'))})")
     serving = report.get("serving") or {}
     if serving:
         lines.append(f"Serving check: {serving.get('requests', 0)} requests, {serving.get('failed', 0)} failed, "
@@ -40,9 +54,15 @@ def _demo(args: argparse.Namespace) -> int:
         paths = Paths(workdir=wd, data_root=wd / "raw")
     else:
         paths = Paths.for_config(config)
-    report = run_demo(config, paths, rows=args.rows, nproc=args.nproc, epochs=args.epochs,
-                      serve_requests=args.requests, progress=not args.quiet,
-                      config_file=args.config)
+    from lattice.demo.life import LifeError
+
+    try:
+        report = run_demo(config, paths, rows=args.rows, nproc=args.nproc, epochs=args.epochs,
+                          serve_requests=args.requests, progress=not args.quiet,
+                          config_file=args.config, days=args.days)
+    except LifeError as exc:
+        print(f"lattice demo: --days {args.days}: {exc}")
+        return 2
     print(_summary(report))
     print(f"\nreport: {paths.workdir / 'report.html'}  (and report.json)")
     if report.get("status") != "ok":
@@ -59,5 +79,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--nproc", type=int, default=2, help="training processes for the sharded teacher")
     p.add_argument("--epochs", type=int, default=None, help="override training.epochs")
     p.add_argument("--requests", type=int, default=300, help="requests sent in the serving check")
+    p.add_argument("--days", type=int, default=2,
+                   help="daily rounds after the first window: each brings the next day's features, continues the "
+                        "teacher and student on it (warm start) and gates the student on that day; 0: one window "
+                        "and the config's split")
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=_demo)

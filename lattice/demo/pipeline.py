@@ -16,14 +16,28 @@ def _read_json(path: Path) -> dict[str, Any]:
     return json.loads(path.read_text()) if path.exists() else {}
 
 
+# the teacher steps of a daily round (its baselines train once, on the first window)
+ROUND_TEACHER_STEPS = ("train_teacher", "evaluate_teacher", "register_teacher")
+
+
 def run_demo(config: PlatformConfig, paths: Paths, rows: int, nproc: int = 2, epochs: int | None = None,
-             serve_requests: int = 300, progress: bool = True, config_file: str | None = None) -> dict[str, Any]:
+             serve_requests: int = 300, progress: bool = True, config_file: str | None = None,
+             days: int = 0) -> dict[str, Any]:
     """Every step of the pipeline graph in order (the steps the DAGs run, through the same executor),
-    then a serving check; the report is written whatever happens."""
+    then `days` daily rounds (lattice.demo.life: a new day's features, the warm-started teacher and
+    student, the next-day gate), then a serving check; the report is written whatever happens.
+    The report's models, headline and comparisons are the first window's, where every model is
+    tested on the same day; the rounds are its `days` section."""
+    from lattice.demo.life import plan, round_record, windowed
     from lattice.orchestration.graph import pipeline, select
     from lattice.orchestration.spec import dag_specs
-    from lattice.orchestration.task_runner import RunContext, execute
+    from lattice.orchestration.task_runner import RunContext
+    from lattice.training.lineage import read as read_lineage
 
+    life = plan(config, days)  # a time range too short for the rounds fails here, before any work
+    overrides: list[str] = []
+    if life is not None and config.training.window != life.window:
+        config, overrides = windowed(config, life), [f"training.window={life.window}"]
     paths.ensure()
     runner = DemoRunner(config, paths)
     report: dict[str, Any] = {"rows": rows}
@@ -31,11 +45,20 @@ def run_demo(config: PlatformConfig, paths: Paths, rows: int, nproc: int = 2, ep
     params: dict[str, Any] = {"synthetic_rows": rows}
     if epochs is not None:
         params["epochs"] = epochs
-    # the teacher shards over `nproc` ranks; the student is small enough for one process
-    ctx = RunContext(config, paths, params, family_params={"train_teacher": {"nproc": nproc}, "distill": {"nproc": 1}},
-                     config_file=config_file, extra={"progress": progress})
     summaries: dict[str, dict[str, Any]] = {}
+
+    def context(round_=None) -> RunContext:
+        # the teacher shards over `nproc` ranks; the student is small enough for one process
+        run, model = dict(params), {}
+        if round_ is not None:
+            run.update(round_.feature_params())
+            model = round_.model_params()
+        return RunContext(config, paths, run, family_params={"train_teacher": {"nproc": nproc, **model},
+                                                             "distill": {"nproc": 1, **model}},
+                          config_file=config_file, overrides=overrides, extra={"progress": progress})
+
     try:
+        ctx = context(life.rounds[0] if life else None)
         for step in select(pipeline(config)):
             result = runner.step(step.task_id, f"{step.family} · {step.task_id}: {step.doc}",
                                  lambda step=step: _run_step(ctx, step, specs[step.family]))
@@ -45,6 +68,13 @@ def run_demo(config: PlatformConfig, paths: Paths, rows: int, nproc: int = 2, ep
             report["hashing"] = summaries["fit_hashing"]
         report["distillation"] = summaries.get("distill_student")
         report["promotion"] = summaries.get("promote_challenger") or summaries.get("gate")  # the decision as carried out
+        if life is not None:
+            # the first window's models, before the rounds replace the teacher and the student
+            report.update(collect(config, paths))
+            report["days"] = {"window": life.window,
+                              "rounds": [round_record(life.rounds[0], summaries, read_lineage(paths.model_dir("teacher")))]}
+            for round_ in life.rounds[1:]:
+                report["days"]["rounds"].append(_round(runner, context(round_), config, paths, round_, specs))
         from lattice.demo.serving_check import serving_check
 
         report["serving"] = runner.step("serve", f"serving check ({serve_requests} requests over HTTP)",
@@ -56,7 +86,8 @@ def run_demo(config: PlatformConfig, paths: Paths, rows: int, nproc: int = 2, ep
         report.setdefault("pipeline", pipeline_section(summaries))
     finally:
         try:
-            report.update(collect(config, paths))
+            if "models" not in report:
+                report.update(collect(config, paths))
         except Exception as exc:  # a report without metrics still beats no report
             report.setdefault("error", f"collecting metrics failed: {type(exc).__name__}: {exc}")
         report["header"] = runner.header()
@@ -65,6 +96,24 @@ def run_demo(config: PlatformConfig, paths: Paths, rows: int, nproc: int = 2, ep
         write_json(paths.workdir / "report.json", report)
         write_html(report, paths.workdir / "report.html")
     return report
+
+
+def _round(runner: DemoRunner, ctx, config: PlatformConfig, paths: Paths, round_, specs) -> dict[str, Any]:
+    """One daily round: the new day's feature steps, the teacher continued on the days it has not
+    seen, the student distilled from it, and the gate on the new day."""
+    from lattice.demo.life import round_record
+    from lattice.orchestration.graph import pipeline, select
+    from lattice.training.lineage import read as read_lineage
+
+    steps = [s for s in select(pipeline(config))
+             if s.family in ("features", "distill", "promote") or s.task_id in ROUND_TEACHER_STEPS]
+    summaries: dict[str, dict[str, Any]] = {}
+    for step in steps:
+        name = f"day{round_.index}.{step.task_id}"
+        result = runner.step(name, f"day {round_.test_day} · {step.family} · {step.task_id}",
+                             lambda step=step: _run_step(ctx, step, specs[step.family]))
+        summaries[step.task_id] = result.get("summary", {})
+    return round_record(round_, summaries, read_lineage(paths.model_dir("teacher")))
 
 
 def _run_step(ctx, step, specs) -> dict[str, Any]:

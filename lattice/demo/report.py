@@ -5,9 +5,7 @@ timing tables."""
 
 from __future__ import annotations
 
-import base64
 import html
-import io
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +14,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from lattice.demo.html_parts import _png, _table  # noqa: E402
+
 MODEL_ORDER = ["teacher", "student", "mmoe", "shared_bottom", "pooled", "separate", "gbdt", "gbdt_cell", "student_no_teacher"]
 
 
@@ -23,13 +23,6 @@ MODEL_ORDER = ["teacher", "student", "mmoe", "shared_bottom", "pooled", "separat
 def version_label(version) -> str:
     """`v3`, or `(none)` where there was no champion."""
     return "(none)" if version is None else f"v{version}"
-
-def _png(fig) -> str:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
-    plt.close(fig)
-    return base64.b64encode(buf.getvalue()).decode()
-
 
 def _models(report: dict[str, Any]) -> list[str]:
     names = list(report.get("models", {}))
@@ -115,19 +108,6 @@ def plot_cost(report: dict[str, Any]) -> str | None:
         ax.bar(["teacher", "student"], vals, color=["#4c72b0", "#dd8452"])
         ax.set_title(f"{key} (student = {vals[1] / vals[0]:.1%})", fontsize=9)
     return _png(fig)
-
-
-def _table(rows: list[list[Any]], header: list[str]) -> str:
-    def cell(v: Any) -> str:
-        if isinstance(v, float):
-            return f"{v:,.4f}" if abs(v) < 100 else f"{v:,.1f}"
-        if isinstance(v, int):
-            return f"{v:,}"
-        return html.escape("" if v is None else str(v))
-
-    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
-    body = "".join("<tr>" + "".join(f"<td>{cell(v)}</td>" for v in r) + "</tr>" for r in rows)
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
 def metrics_rows(report: dict[str, Any]) -> list[list[Any]]:
@@ -290,6 +270,10 @@ def render_html(report: dict[str, Any]) -> str:
             where = f" [{html.escape(r['cell'])}]" if r.get("cell") else ""
             items.append(f"<li>{mark} {html.escape(r.get('check', ''))}{where}: {html.escape(r.get('message', ''))}</li>")
         parts.append("<ul>" + "".join(items) + "</ul>")
+
+    from lattice.demo.report_days import days_html
+
+    parts += days_html(report)
 
     serving = report.get("serving")
     if serving:

@@ -37,10 +37,12 @@ def _register_teacher_once(config: PlatformConfig, paths: Paths) -> dict:
 
 def distill(config: PlatformConfig, paths: Paths, nproc: int | None = None, epochs: int | None = None,
             seed: int | None = None, compare_without_teacher: bool = False, export: bool = True,
-            register: bool = True, progress: bool = True, end: str | None = None, data_end: str | None = None) -> dict:
+            register: bool = True, progress: bool = True, end: str | None = None, data_end: str | None = None,
+            warm_start: str | None = None) -> dict:
     """`end` / `data_end`: the interval end of a windowed run (training.window); default the
     teacher's own window end (its lineage), so the student trains and is judged on the teacher's days.
-    With training.warm_start the student continues from the last student (or the champion)."""
+    With training.warm_start (or `warm_start`, which overrides it) the student continues from the
+    last student (or the champion)."""
     from lattice.evaluation.stages import evaluate
     from lattice.training.stages import score, train
 
@@ -67,7 +69,8 @@ def distill(config: PlatformConfig, paths: Paths, nproc: int | None = None, epoc
     scores = score(config, paths, "teacher", split="train", out=paths.teacher_scores / "teacher_train.parquet", progress=progress)
     lap("score_teacher", t)
     t = time.perf_counter()
-    train(config, paths, "student", nproc=nproc, epochs=epochs, teacher_scores=scores, seed=seed, progress=progress, end=end)
+    train(config, paths, "student", nproc=nproc, epochs=epochs, teacher_scores=scores, seed=seed, progress=progress, end=end,
+          warm_start=warm_start)
     lap("train_student", t)
     models = ["teacher", "student"]
     if compare_without_teacher:

@@ -131,14 +131,16 @@ def _baselines(config: PlatformConfig) -> list[TaskSpec]:
     """The baselines after the teacher is registered (a failed baseline never holds back the teacher
     or the DAGs its asset triggers): the neural ones on one process, then the LightGBM ones and one
     report with the teacher beside the trees."""
+    # `end`: a windowed run's baselines train and are tested on the teacher's days
     steps = [_model_task(f"train_{n}", "train", f"Baseline `{n}` on the teacher's split and features (1 process).",
-                         forward={"epochs": "epochs"}, fixed={"model": n, "nproc": 1}, replaces_model=n,
+                         forward={"epochs": "epochs", "end": "end"}, fixed={"model": n, "nproc": 1}, replaces_model=n,
                          reads=("training_set",), writes=(f"model:{n}",))
              for n in neural_baselines(config)]
     trees = tree_baselines(config)
     what = {"gbdt": "one booster per objective over every domain", "gbdt_cell": "one booster per (domain, objective) cell"}
     steps += [_model_task(f"train_{n}", "train_gbdt", f"LightGBM baseline `{n}` ({what[n]}) on the teacher's split and features.",
-                          fixed={"model": n}, replaces_model=n, reads=("training_set",), writes=(f"model:{n}",))
+                          forward={"end": "end"}, fixed={"model": n}, replaces_model=n, reads=("training_set",),
+                          writes=(f"model:{n}",))
               for n in trees]
     if trees:
         steps.append(_model_task("evaluate_vs_trees", "evaluate",
@@ -166,7 +168,8 @@ def _distill() -> list[TaskSpec]:
     steps = [
         _model_task("distill_student", "distill",
                     "Teacher soft labels, student training on labels + soft labels, evaluation and cost report.",
-                    forward=TRAINING, fixed={"export": False, "register": False}, replaces_model="student",
+                    forward={**TRAINING, "warm_start": "warm_start"}, fixed={"export": False, "register": False},
+                    replaces_model="student",
                     config_sets=FP8_SET, reads=("model:teacher", "training_set"), writes=("model:student",)),
         _model_task("export_student", "export",
                     "Export the student for serving (TorchScript) and measure latency and size.",

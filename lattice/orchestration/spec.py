@@ -182,6 +182,13 @@ def _training(config: PlatformConfig, what: str) -> list[ParamSpec]:
     ]
 
 
+def _warm_start(config: PlatformConfig, parent: str) -> ParamSpec:
+    return ParamSpec("warm_start", None, "Warm start",
+                     f"Continue from {parent}; empty keeps the config's training.warm_start "
+                     f"({config.training.warm_start}).",
+                     {"type": ["null", "string"], "enum": [None, "none", "last", "champion"]})
+
+
 def _features_params(config: PlatformConfig) -> list[ParamSpec]:
     tr = config.time_range
     params = [
@@ -283,12 +290,10 @@ def dag_specs(config: PlatformConfig) -> list[DagSpec]:
         "features": ("Consolidate, validate and publish the features of every domain", _features_params(config)),
         "train_teacher": ("Train the multi-domain multi-objective teacher and register it",
                           [_domains(config), _objectives(config), *_training(config, "teacher"),
-                           ParamSpec("warm_start", None, "Warm start",
-                                     f"Continue from the last teacher or the champion; empty keeps the config's "
-                                     f"training.warm_start ({config.training.warm_start}).",
-                                     {"type": ["null", "string"], "enum": [None, "none", "last", "champion"]})]),
+                           _warm_start(config, "the last teacher or the latest registered one")]),
         "distill": ("Distill the teacher into the small student and register it as challenger",
-                    [_domains(config), _objectives(config), *_training(config, "student")]),
+                    [_domains(config), _objectives(config), *_training(config, "student"),
+                     _warm_start(config, "the last student or the champion")]),
         "promote": (
             "Gate the challenger against the champion and move the champion alias (or roll back)",
             [

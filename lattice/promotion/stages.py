@@ -220,8 +220,11 @@ def apply_gate(config: PlatformConfig, paths: Paths, dry_run: bool = False) -> d
         raise LookupError(f"registered model {reg.base_name!r} has no '{CHALLENGER}' version to promote; "
                           "run the gate (`lattice run CONFIG --from gate`) on a registered student first")
     rid = challenger.tags.get("lattice.gate.run_id")
-    if not rid:
-        raise LookupError(f"challenger v{challenger.version} has no gate decision; run the gate first")
+    if not rid:  # the gate waits for the challenger's next day (or never ran): nothing to carry out yet
+        from lattice.orchestration.task_runner import NotYet
+
+        raise NotYet(f"challenger v{challenger.version} has no gate decision yet (the gate runs first, and waits "
+                     "while the challenger's next day is not in the table); nothing to promote")
     with tempfile.TemporaryDirectory() as tmp:
         decision = json.loads((reg._download_to(Path(tmp), run_id=rid, artifact_path="decision.json")).read_text())
     if decision.get("challenger_version") != challenger.version:

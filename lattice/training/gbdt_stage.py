@@ -1,7 +1,8 @@
 """Stage `train_gbdt`: the LightGBM baselines `gbdt` (one booster per objective over every domain)
 and `gbdt_cell` (one booster per (domain, objective) cell).
 
-Same split, features and metrics as every deep model: the table's `split` column, the dense
+Same split, features and metrics as every deep model: the table's `split` column (or, with
+`training.window`, the run's days: lattice.data.window, the rule the deep models' loader applies), the dense
 stats fitted on the train split (lattice.data.loader.fit_dense_stats), the RowEncoder arrays and
 `cell_metrics` on the test split. Each booster fits on the train rows where its objective is
 labelled (mask > 0) and stops early on the validation rows; the test rows are only scored.
@@ -21,8 +22,7 @@ import numpy as np
 import pandas as pd
 
 from lattice.config import PlatformConfig
-from lattice.data.loader import RowEncoder, find_table, fit_dense_stats, read_unit, scan_units
-from lattice.data.split import split_mask
+from lattice.data.loader import RowEncoder, _row_split, find_table, fit_dense_stats, read_unit, scan_units
 from lattice.data.transforms import DenseStats
 from lattice.evaluation.metrics import cell_metrics
 from lattice.models.build import GBDT_KINDS, kind_of
@@ -32,22 +32,20 @@ from lattice.progress import progress_bar
 from lattice.training.threads import machine_threads
 
 
-def read_rows(config: PlatformConfig, table, stats: DenseStats) -> tuple[dict[str, np.ndarray], np.ndarray]:
-    """Every row of the table as RowEncoder arrays (with truth), and its split name. The boosters
-    need the rows in memory; `Gbdt.max_train_rows` bounds what they fit on."""
+def read_rows(config: PlatformConfig, table, stats: DenseStats, days=None) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """Every row of the table as RowEncoder arrays (with truth), and its split name ("" for a row
+    outside a windowed run's days). The boosters need the rows in memory; `Gbdt.max_train_rows`
+    bounds what they fit on."""
     enc = RowEncoder(config, stats, with_truth=True)
     parts: list[dict[str, np.ndarray]] = []
     splits: list[np.ndarray] = []
     for unit in scan_units(table):
-        tbl, part = read_unit(unit, enc.columns + ["split"])
+        tbl, part = read_unit(unit, enc.columns + ["split"] + (["date", "event_timestamp"] if days is not None else []))
         if tbl.num_rows == 0:
             continue
-        ids = tbl.column("example_id").to_pylist() if "example_id" in tbl.column_names else []
-        stored = (tbl.column("split").to_pylist() if "split" in tbl.column_names
-                  else [part["split"]] * tbl.num_rows if "split" in part else None)
         names = np.full(tbl.num_rows, "", dtype=object)
         for s in ("train", "validation", "test"):
-            names[split_mask(config, ids, s, stored)] = s  # the shared rule: stored column, else the hash
+            names[_row_split(config, tbl, part, s, days)] = s  # the deep models' rule: the run's days, else the stored split
         parts.append(enc.encode(tbl, part))
         splits.append(names)
     arrs = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
@@ -66,8 +64,10 @@ def _fit_rows(split: np.ndarray, cap: int | None, seed: int) -> np.ndarray:
 
 
 def train_gbdt(config: PlatformConfig, paths: Paths, model: str = "gbdt", seed: int | None = None,
-               progress: bool = True) -> dict:
-    """Train the LightGBM baseline `model` (`gbdt` or `gbdt_cell`, optionally 'kind@tag')."""
+               progress: bool = True, end: str | None = None, data_end: str | None = None) -> dict:
+    """Train the LightGBM baseline `model` (`gbdt` or `gbdt_cell`, optionally 'kind@tag'). `end` /
+    `data_end`: a windowed run's interval end (training.window), as for the deep models, so the
+    boosters fit, stop and are tested on the same days as the teacher they are compared with."""
     kind = kind_of(model)
     if kind not in GBDT_KINDS:
         raise ValueError(f"train_gbdt trains {GBDT_KINDS}, not {model!r}; use the `train` stage")
@@ -83,9 +83,13 @@ def train_gbdt(config: PlatformConfig, paths: Paths, model: str = "gbdt", seed: 
     for stale in ("summary.json", "metrics.json", "predictions.parquet"):
         (out / stale).unlink(missing_ok=True)
 
-    stats = fit_dense_stats(config, table)
+    from lattice.data.window import resolve as resolve_window
+
+    window = resolve_window(config, table, end or data_end)
+    days = window.splits() if window is not None else None  # a booster is never warm-started: every train day
+    stats = fit_dense_stats(config, table, days)
     stats.save(out / "dense_stats.json")
-    arrs, split = read_rows(config, table, stats)
+    arrs, split = read_rows(config, table, stats, days)
     fit_rows = _fit_rows(split, settings.max_train_rows, seed)
     features = TreeFeatures.fit(config, [c.column for c in stats.columns], arrs, fit_rows, settings.max_categories,
                                 with_domain=kind == "gbdt")

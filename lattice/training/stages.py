@@ -61,7 +61,7 @@ def train(config: PlatformConfig, paths: Paths, model: str = "teacher", nproc: i
                              "(a fit starts from scratch)")
         from lattice.training.gbdt_stage import train_gbdt
 
-        return train_gbdt(config, paths, model, seed=seed, progress=progress)
+        return train_gbdt(config, paths, model, seed=seed, progress=progress, end=end or data_end)
     table = find_table(paths)
     out = paths.model_dir(model)
     out.mkdir(parents=True, exist_ok=True)

@@ -89,7 +89,12 @@ def find_parent(config: PlatformConfig, paths: Paths, model: str, mode: str) -> 
 
     out = paths.model_dir(model)
     if mode == "last":
-        folder = next((f for f in (out, out / PARENT) if (f / "model.pt").exists()), None)
+        # a DAG task, `lattice run` and the demo write the new model in a scratch folder that
+        # replaces the real one when the stage succeeds (lattice.orchestration.run_paths): the last
+        # model is then the real folder's, which stays whole until that swap
+        home = paths.home_model_dir(model) if hasattr(paths, "home_model_dir") else out
+        candidates = (out, out / PARENT) if home == out else (out, out / PARENT, home)
+        folder = next((f for f in candidates if (f / "model.pt").exists()), None)
         if folder is None:
             return None
         return Parent(folder, mode, sha256_path(folder / "model.pt"), None, _blob_lineage(folder / "model.pt"))

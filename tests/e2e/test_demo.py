@@ -4,6 +4,7 @@ reasons, a serving check that matches offline scores, and an HTML page a browser
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import subprocess
@@ -20,7 +21,13 @@ ROOT = Path(__file__).resolve().parents[2]
 STAGES = ["synthesize_raw_logs", "consolidate", "aggregates", "feast_apply", "training_set", "materialize",
           "train_teacher", "evaluate_teacher", "register_teacher", "train_separate", "train_pooled", "train_mmoe",
           "train_gbdt", "train_gbdt_cell", "evaluate_vs_trees", "distill_student", "export_student", "register_student",
-          "gate", "promote_challenger", "refresh_report", "serve"]
+          "gate", "promote_challenger", "refresh_report"]
+# each daily round after the first window: the new day's feature steps, the teacher (its baselines
+# train once), the student, the gate (lattice.demo.life); then the serving check
+ROUND = ["synthesize_raw_logs", "consolidate", "aggregates", "feast_apply", "training_set", "materialize",
+         "train_teacher", "evaluate_teacher", "register_teacher", "distill_student", "export_student", "register_student",
+         "gate", "promote_challenger", "refresh_report"]
+STAGES = STAGES + [f"day{i}.{s}" for i in (1, 2) for s in ROUND] + ["serve"]
 
 
 def _tiny_demo_config(folder: Path) -> Path:
@@ -95,6 +102,26 @@ def test_demo_promotion_decision_and_serving(demo_run):
     serving = report["serving"]
     assert serving["requests"] == 40 and serving["failed"] == 0
     assert serving["matches_offline"], serving
+
+
+def test_demo_lives_two_days_warm_started_and_judged_on_the_next_day(demo_run):
+    _, _, report = demo_run
+    days = report["days"]
+    assert days["window"] == "11d"
+    first, *later = days["rounds"]
+    assert [r["test_day"] for r in days["rounds"]] == ["2026-01-12", "2026-01-13", "2026-01-14"]
+    assert first["warm_start"] == "none" and len(first["trained_days"]) == 10
+    # each round trains on the one day its parent had not seen (yesterday's validation day) and is
+    # judged by the gate on the day after its window, the newest day in the table
+    for prev, r in zip(days["rounds"], later):
+        assert r["warm_start"] == "last" and r["parent_days_seen"] == prev["days_seen"]
+        assert r["trained_days"] == [(dt.date.fromisoformat(prev["test_day"]) - dt.timedelta(days=1)).isoformat()]
+        assert r["days_seen"] == prev["days_seen"] + 1
+        assert r["judged_on"] == r["test_day"] and 0 < r["teacher_examples"] < first["teacher_examples"] / 3
+        assert r["champion_before"] == prev["champion_after"] is not None
+        assert r["decision"] == ("promote" if r["passed"] else "reject")
+        assert r["champion_after"] == (r["challenger_version"] if r["passed"] else r["champion_before"])
+        assert {k.split(".")[1] for k in r["series"]} == {"challenger", "champion"}
 
 
 def test_demo_html_renders_in_chromium(demo_run, artifacts):

@@ -236,16 +236,18 @@ def test_a_days_run_recomputes_that_day_only_and_equals_the_whole_table(demo, sp
     ts = build_training_set(config, paths, start=day, end=nxt, check_rows=50)
     online = materialize(config, paths, start=day, end=nxt)
 
+    # the kept days after it whose trailing windows (7 days at most) read it are recomputed too
+    later = [d for d in days if day < d <= str(dt.date.fromisoformat(day) + dt.timedelta(days=7))]
     for name in agg_names:
         got = aggs["aggregates"][name]
-        assert (got["mode"], got["days"], got["removed_days"]) == ("days", [day], [])
+        assert (got["mode"], got["days"], got["removed_days"]) == ("days", [day, *later], [])
         after = read_table(paths.aggregate(name))
-        assert got["rows_written"] == int((after["date"].astype(str) == day).sum()) > 0
+        assert got["rows_written"] == int((after["date"].astype(str).isin([day, *later])).sum()) > 0
         keys = [got["entity"], "event_timestamp"]
         pd.testing.assert_frame_equal(_sorted(after, keys), _sorted(before_agg[name], keys), check_dtype=False,
                                       check_categorical=False)
-    assert (ts["mode"], ts["days"]) == ("days", [day])
-    assert ts["rows_written"] == int((before_ts["date"].astype(str) == day).sum())
+    assert (ts["mode"], ts["days"], ts["recomputed_later_days"]) == ("days", [day, *later], later)
+    assert ts["rows_written"] == int((before_ts["date"].astype(str).isin([day, *later])).sum())
     assert ts["rows"] == len(before_ts) and ts["feast_check"]["mismatches"] == 0
     after_ts = read_table(paths.training_set)
     assert sorted(after_ts["date"].astype(str).unique()) == days
@@ -275,3 +277,35 @@ def test_a_day_whose_rows_are_gone_loses_its_folder_and_no_other(spark, tmp_path
     frame.drop("date").write.parquet(str(flat))
     assert write_days(frame, flat, window)["mode"] == "whole"
     assert len(read_table(flat)) == 30
+
+
+def test_a_late_change_to_an_earlier_day_recomputes_the_kept_days_that_read_it(demo, spark, tmp_path):
+    """Issue 34 (bad input): files that arrive late, or a backfill out of order, re-run an earlier
+    day while later days are kept. The later days whose trailing windows read it are recomputed
+    with it (and the run says which), so the table equals a whole recompute on the new events."""
+    import shutil
+
+    from pipelines.aggregates import build_aggregates
+
+    config, paths = demo["config"], demo["paths"]
+    work = paths_for(config, tmp_path / "wd")
+    shutil.copytree(paths.consolidated, work.consolidated)
+    build_aggregates(config, work)  # every day, kept by day
+    days = sorted(p.name.split("=", 1)[1] for p in work.consolidated.glob("date=*"))
+    day = days[2]
+    # the day's feed events change upstream (here: they are gone), and the day is run again
+    shutil.rmtree(work.consolidated / f"date={day}" / "domain=feed")
+    nxt = str(dt.date.fromisoformat(day) + dt.timedelta(days=1))
+    got = build_aggregates(config, work, start=day, end=nxt)
+    reach = max(max(a.window_hours()) for a in config.features.aggregates) // 24  # 7 days
+    later = [d for d in days if day < d <= str(dt.date.fromisoformat(day) + dt.timedelta(days=reach))]
+    assert later and all(v == later for v in got["recomputed_later_days"].values())
+    whole = paths_for(config, tmp_path / "whole")
+    shutil.copytree(work.consolidated, whole.consolidated)
+    build_aggregates(config, whole)
+    for agg in config.features.aggregates:
+        assert got["aggregates"][agg.name]["days"] == [day, *later]
+        keys = [got["aggregates"][agg.name]["entity"], "event_timestamp"]
+        pd.testing.assert_frame_equal(_sorted(read_table(work.aggregate(agg.name)), keys),
+                                      _sorted(read_table(whole.aggregate(agg.name)), keys),
+                                      check_dtype=False, check_categorical=False)

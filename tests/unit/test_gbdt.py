@@ -233,3 +233,21 @@ def test_serving_paths_refuse_a_tree_model_saying_why(trained) -> None:
         load_model(cfg, paths, "gbdt")
     with pytest.raises(FileNotFoundError, match="train it first"):
         load_model(cfg, paths, "student")  # never trained here
+
+
+def test_a_windowed_run_fits_stops_and_tests_on_the_teachers_days(trained) -> None:
+    """With training.window the boosters take the deep models' days (the demo's rounds and a DAG's
+    windowed baselines compare them with a teacher tested on one day): fit on the train days'
+    labelled rows, stop on the validation day, score the test day only."""
+    cfg, paths = trained
+    cfg = cfg.model_copy(update={"training": cfg.training.model_copy(update={"window": "3d"})})
+    df = _table(paths)
+    day = pd.to_datetime(df["event_timestamp"]).dt.strftime("%Y-%m-%d") if "date" not in df else df["date"].astype(str)
+    days = sorted(day.unique())
+    end = days[5]  # window: days[2], days[3] train, days[4] validation; test days[5]
+    summary = train(cfg, paths, model="gbdt@win", progress=False, end=end)
+    assert summary["test_rows"] == int((day == end).sum()) > 0
+    assert summary["validation_rows"] == int((day == days[4]).sum())
+    assert summary["fit_rows"] == int(day.isin(days[2:4]).sum())
+    preds = pd.read_parquet(paths.model_dir("gbdt@win") / "predictions.parquet")
+    assert set(preds["example_id"]) == set(df.loc[day == end, "example_id"])
