@@ -9,8 +9,9 @@ tasks only, so this file parses in well under a second.
 
 An invalid config is skipped here (this file never fails, so the other configs' DAGs stay up) and
 reported by `dags/lattice_config_errors.py` as an Airflow import error. A deterministic error
-(invalid params or config, data failing validation, a rejected promotion) fails its task without
-retries; anything else is retried with back-off.
+(invalid params or config, data failing validation) fails its task without retries; anything else
+is retried with back-off. A rejected promotion is no failure: the `gate` task succeeds with the
+decision and `promote_challenger` after it is skipped, so a red task is always a crash.
 """
 
 from __future__ import annotations
@@ -73,9 +74,12 @@ def _task(config_file: str, spec: DagSpec, group: AirflowTask, outlets: list[Ass
         except (OutsideRange, NotYet) as exc:  # nothing to do for this run: skipped, with the reason
             raise AirflowSkipException(str(exc)) from exc
         except GateRejected as exc:
-            # the decision stays readable (UI XCom tab, REST) although the task fails
+            if t.acts_on_gate:  # nothing to carry out: skipped (not failed), the failed checks in the log
+                raise AirflowSkipException(str(exc)) from exc
+            # the gate decided: a rejection is its result (XCom), and the task that acts on it is skipped
+            log.warning("%s", exc)
             context["ti"].xcom_push(key="decision", value=exc.result)
-            raise AirflowFailException(str(exc)) from exc
+            result = exc.result
         except DeterministicError as exc:
             raise AirflowFailException(str(exc)) from exc  # failed now: a retry would fail the same way
         if t.outlet and result.get("variant"):

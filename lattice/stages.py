@@ -18,6 +18,9 @@ STAGES: dict[str, str] = {
     "export": "lattice.export.stages:export_stage",
     "register": "lattice.registry.stages:register",
     "promote": "lattice.promotion.stages:promote",
+    # the DAGs' split of promote: the decision (a reject is a result), then its move
+    "gate": "lattice.promotion.stages:gate",
+    "apply_gate": "lattice.promotion.stages:apply_gate",
     "rollback": "lattice.promotion.stages:rollback",
     "predict": "lattice.scoring.batch:predict_file",
     # the feature pipeline (Spark + Great Expectations + Feast); "features" runs the whole chain

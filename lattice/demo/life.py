@@ -89,7 +89,7 @@ def round_record(round_: Round, summaries: dict[str, dict[str, Any]], lineage: d
     """What the report shows of one round: the days the teacher trained on and where it came from,
     the examples it processed, and the gate's next-day decision with its per-cell series."""
     teacher = summaries.get("train_teacher") or {}
-    gate = summaries.get("gate_and_promote") or {}
+    gate = summaries.get("promote_challenger") or summaries.get("gate") or {}  # the decision as carried out
     m = gate.get("measurements") or {}
     lineage = lineage or {}
     parent = lineage.get("parent") or {}

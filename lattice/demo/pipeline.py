@@ -67,7 +67,7 @@ def run_demo(config: PlatformConfig, paths: Paths, rows: int, nproc: int = 2, ep
         if "fit_hashing" in summaries:
             report["hashing"] = summaries["fit_hashing"]
         report["distillation"] = summaries.get("distill_student")
-        report["promotion"] = summaries.get("gate_and_promote")
+        report["promotion"] = summaries.get("promote_challenger") or summaries.get("gate")  # the decision as carried out
         if life is not None:
             # the first window's models, before the rounds replace the teacher and the student
             report.update(collect(config, paths))

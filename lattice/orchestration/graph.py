@@ -53,9 +53,13 @@ class TaskSpec:
     """Apply the run's `domains` / `objectives` params by narrowing the config and, for a domain
     subset, the training table the stage reads (model stages)."""
     gate: str | None = None
-    """Summary key that must be true for the task to succeed (the promotion gate's `passed`): when
-    it is false the task fails without retries, its message listing the failed checks, so the run
-    is red in the grid and no downstream task acts as if the gate had passed."""
+    """Summary key that says whether the run goes on (the promotion gate's `passed`): when it is
+    false the executor raises `GateRejected` with every failed check. `lattice run` stops there
+    (exit 3), the demo reports the decision, and a DAG task succeeds (it decided) unless
+    `acts_on_gate`."""
+    acts_on_gate: bool = False
+    """The step carries out a gate's decision (`promote_challenger` after `gate`): a rejection skips its DAG
+    task (pink, the reasons in its log) instead of failing it, so a red task is always a crash."""
     emit_if: str | None = None
     """Summary key that must be non-empty for the task's `outlet` asset to be emitted (the
     monitor's `tripped` rules): otherwise the task ends skipped, and no asset event is sent."""
@@ -178,11 +182,19 @@ def _distill() -> list[TaskSpec]:
 
 
 def _promote() -> list[TaskSpec]:
-    return [TaskSpec("gate_and_promote", "promote",
-                     "Compare the challenger with the champion cell by cell and promote it; a rejected challenger fails "
-                     "this task (no retries) with every failed check in its message, and the decision stays in its "
-                     "`decision` XCom.", forward={"dry_run": "dry_run"}, switch=("rollback", "rollback"), gate="passed",
-                     family="promote", reads=("registry:student",), writes=("registry:champion",)),
+    # the decision and its move are two steps, so a rejection is an outcome (the gate succeeds, the
+    # promote_challenger step is skipped) and never looks like a crash (a failure of either)
+    return [TaskSpec("gate", "gate",
+                     "Compare the challenger with the champion cell by cell and record the decision on the challenger; "
+                     "the champion alias never moves here. Rejecting is a decision: the task succeeds, the decision "
+                     "(every reason, the per-cell figures) is its XCom, and `promote_challenger` after it is skipped.",
+                     forward={"dry_run": "dry_run", "rollback": "rollback"}, gate="passed",
+                     family="promote", reads=("registry:student",), writes=("registry:decision",)),
+            TaskSpec("promote_challenger", "apply_gate",
+                     "Carry out the gate's decision: a pass moves the champion alias (the decision record, alias and "
+                     "history in one step); skipped, with the failed checks in its log, when the gate rejected.",
+                     forward={"dry_run": "dry_run"}, switch=("rollback", "rollback"), gate="passed", acts_on_gate=True,
+                     family="promote", reads=("registry:decision",), writes=("registry:champion",)),
             TaskSpec("refresh_report", "report",
                      "Rewrite the work dir's report.html for the registry's current champion and the decision that "
                      "promoted it (a DAG chain's results where a person looks).",

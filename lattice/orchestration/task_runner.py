@@ -38,8 +38,9 @@ class DeterministicError(TaskError):
 
 
 class GateRejected(DeterministicError):
-    """The stage ran and said no (the promotion gate rejected the challenger): the task fails, and
-    `result` holds the summary the task would have returned (the decision and every reason)."""
+    """The stage ran and said no (the promotion gate rejected the challenger): `result` holds the
+    summary the task would have returned (the decision and every reason). An outcome, not a crash:
+    the gate's DAG task succeeds with it, the step that acts on it is skipped, `lattice run` exits 3."""
 
     def __init__(self, message: str, result: dict[str, Any]):
         super().__init__(message)
@@ -77,8 +78,9 @@ def gate_message(task: TaskSpec, summary: dict[str, Any]) -> str:
     dry = " (dry run)" if summary.get("dry_run") else ""
     lines = [f"{task.task_id}: the gate REJECTED {who}{dry}; {stays}. Failed checks:"]
     lines += [f"  - {m}" for m in failed] or [f"  - {task.gate} is {summary.get(task.gate)!r} (no reason given)"]
-    lines.append("The whole decision is in this task's 'decision' XCom and in the registry's gate run "
-                 f"{summary.get('gate_run_id')!r}. Fix: distill a better student (or relax `promotion` in the "
+    run = summary.get("gated_by") or summary.get("gate_run_id")
+    lines.append(f"The whole decision is in the gate task's XCom and in the registry's gate run {run!r}. "
+                 "Fix: distill a better student (or relax `promotion` in the "
                  "config), then trigger this DAG again.")
     return "\n".join(lines)
 

@@ -78,7 +78,11 @@ def _artifact_parity(folder, predictor, window) -> float:
     return max(float(np.max(np.abs(got[o] - want[o]))) for o in want)
 
 
-def promote(config: PlatformConfig, paths: Paths, dry_run: bool = False, max_rows: int = 200_000) -> dict[str, Any]:
+def promote(config: PlatformConfig, paths: Paths, dry_run: bool = False, max_rows: int = 200_000,
+            move: bool = True) -> dict[str, Any]:
+    """Gate the challenger and, when it passes (and `move`, not `dry_run`), move the champion alias
+    in the same step. `move=False` is the DAGs' `gate` step: the decision is recorded on the
+    challenger and `apply_gate` (the `promote` step) carries it out."""
     from lattice.export.predictor import Predictor
     from lattice.export.window import latency_ms, load_window
     from lattice.promotion.gate import Decision, GateInputs, Reason, decide
@@ -171,7 +175,7 @@ def promote(config: PlatformConfig, paths: Paths, dry_run: bool = False, max_row
         "series": next_day.series(config, day, {"challenger": ch_cells, "champion": champ_cells}) if day else {},
     })
     decision["champion_after"] = decision["champion_before"]
-    if decision["passed"] and not dry_run:
+    if decision["passed"] and not dry_run and move:
         decision["champion_after"] = challenger.version
         # the record and the alias move as one step: a failure puts the previous champion back and raises
         decision["gate_run_id"] = reg.record_promotion(challenger, decision)
@@ -183,6 +187,62 @@ def promote(config: PlatformConfig, paths: Paths, dry_run: bool = False, max_row
     if decision["series"]:
         decision["next_day_run_id"] = next_day.log_series(reg, decision["series"])
     decision["seconds"] = round(time.perf_counter() - started, 2)
+    return decision
+
+
+def gate(config: PlatformConfig, paths: Paths, dry_run: bool = False, rollback: bool = False,
+         max_rows: int = 200_000) -> dict[str, Any]:
+    """Stage `gate`: the promotion gate's decision, recorded on the challenger (its
+    `lattice.gate.run_id` tag) and returned; it never moves the champion alias (`apply_gate`
+    does). A rejection is a decision like a pass: the caller (`task_runner`) reads `passed`.
+    A rollback run has nothing to judge: it passes through to the rollback after it."""
+    if rollback:
+        return {"passed": True, "decision": "rollback", "reasons": [], "rollback": True,
+                "message": "a rollback run: nothing to gate; the promote step rolls the champion back"}
+    return promote(config, paths, dry_run=dry_run, max_rows=max_rows, move=False)
+
+
+def apply_gate(config: PlatformConfig, paths: Paths, dry_run: bool = False) -> dict[str, Any]:
+    """Stage `apply_gate`: carry out the gate's recorded decision on the current challenger. A
+    pass moves the champion alias (decision record, alias and history as one step,
+    `ModelRegistry.record_promotion`, which re-verifies the stored copy and refuses if the
+    champion moved since the gate); a reject is returned as is (`passed` false: the task is
+    skipped, nothing moves); a dry run moves nothing."""
+    import json
+    import tempfile
+    from pathlib import Path
+
+    from lattice.registry import CHALLENGER, CHAMPION, ModelRegistry
+
+    reg = ModelRegistry(config, paths)
+    challenger = reg.by_alias(CHALLENGER)
+    if challenger is None:
+        raise LookupError(f"registered model {reg.base_name!r} has no '{CHALLENGER}' version to promote; "
+                          "run the gate (`lattice run CONFIG --from gate`) on a registered student first")
+    rid = challenger.tags.get("lattice.gate.run_id")
+    if not rid:  # the gate waits for the challenger's next day (or never ran): nothing to carry out yet
+        from lattice.orchestration.task_runner import NotYet
+
+        raise NotYet(f"challenger v{challenger.version} has no gate decision yet (the gate runs first, and waits "
+                     "while the challenger's next day is not in the table); nothing to promote")
+    with tempfile.TemporaryDirectory() as tmp:
+        decision = json.loads((reg._download_to(Path(tmp), run_id=rid, artifact_path="decision.json")).read_text())
+    if decision.get("challenger_version") != challenger.version:
+        raise ValueError(f"gate run {rid} judged v{decision.get('challenger_version')}, not the challenger "
+                         f"v{challenger.version}; run the gate again")
+    decision["gated_by"] = rid
+    if not decision.get("passed"):
+        return decision
+    if dry_run or decision.get("dry_run"):
+        log.info("promote: dry run: challenger v%s passed; the champion alias does not move", challenger.version)
+        return {**decision, "dry_run": True, "moved": False}
+    champion = reg.by_alias(CHAMPION)
+    if champion is not None and champion.version == challenger.version:
+        raise ValueError(f"the challenger v{challenger.version} already is the champion")
+    decision["champion_after"] = challenger.version
+    # the record and the alias move as one step; it refuses when the champion changed since the gate
+    decision["gate_run_id"] = reg.record_promotion(challenger, decision)
+    decision["moved"] = True
     return decision
 
 

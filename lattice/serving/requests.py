@@ -201,11 +201,12 @@ class RequestSchema:
                 return f"feature {name!r} must be a finite number, got {value!r}"
         return None
 
-    def check_all(self, reqs: list, batch: bool, values: bool = False) -> None:
+    def check_all(self, reqs: list, batch: bool, values: bool = False, start: int = 0) -> None:
         """Raises RequestError for the first invalid request (indexed when the body is a batch).
-        `values`: also apply `value_problem` (requests that did not come through the wire structs)."""
+        `values`: also apply `value_problem` (requests that did not come through the wire structs).
+        `start`: the index of `reqs[0]` in the batch (a batch checked in pieces)."""
         problem = self.problem
-        for i, r in enumerate(reqs):
+        for i, r in enumerate(reqs, start):
             p = problem(r) or (self.value_problem(r) if values else None)
             if p is not None:
                 raise RequestError(i if batch else None, p)

@@ -21,12 +21,12 @@ ROOT = Path(__file__).resolve().parents[2]
 STAGES = ["synthesize_raw_logs", "consolidate", "aggregates", "feast_apply", "training_set", "materialize",
           "train_teacher", "evaluate_teacher", "register_teacher", "train_separate", "train_pooled", "train_mmoe",
           "train_gbdt", "train_gbdt_cell", "evaluate_vs_trees", "distill_student", "export_student", "register_student",
-          "gate_and_promote", "refresh_report"]
+          "gate", "promote_challenger", "refresh_report"]
 # each daily round after the first window: the new day's feature steps, the teacher (its baselines
 # train once), the student, the gate (lattice.demo.life); then the serving check
 ROUND = ["synthesize_raw_logs", "consolidate", "aggregates", "feast_apply", "training_set", "materialize",
          "train_teacher", "evaluate_teacher", "register_teacher", "distill_student", "export_student", "register_student",
-         "gate_and_promote", "refresh_report"]
+         "gate", "promote_challenger", "refresh_report"]
 STAGES = STAGES + [f"day{i}.{s}" for i in (1, 2) for s in ROUND] + ["serve"]
 
 

@@ -59,9 +59,10 @@ def airflow(tmp_path_factory, artifacts: Path):
     fake = tmp / "fake_stages"
     fake.mkdir()
     (fake / "lattice_fake_promote.py").write_text(
-        "REJECTED = " + repr(REJECTED) + "\n\ndef promote(config, paths, dry_run=False):\n    return dict(REJECTED)\n")
+        "REJECTED = " + repr(REJECTED) + "\n\ndef gate(config, paths, dry_run=False):\n    return dict(REJECTED)\n")
     (fake / "sitecustomize.py").write_text(
-        "import lattice.stages\nlattice.stages.STAGES['promote'] = 'lattice_fake_promote:promote'\n")
+        "import lattice.stages\nlattice.stages.STAGES['gate'] = 'lattice_fake_promote:gate'\n"
+        "lattice.stages.STAGES['apply_gate'] = 'lattice_fake_promote:gate'\n")
     sa = standalone.start(tmp / "home", port=free_port(), configs_dir=tmp / "configs",
                           extra_env={"LATTICE_AIRFLOW_RETRIES": "0", "PYTHONPATH": str(fake)})
     try:
@@ -121,25 +122,24 @@ def test_an_invalid_config_shows_in_the_import_errors_and_hides_no_other_dag(air
     assert client.http.get("/api/v2/dags/broken__features").status_code == 404
 
 
-def test_a_rejected_promotion_is_a_failed_run_in_the_rest_api(airflow) -> None:
-    """A rejection is red at a glance: the run and its gate task are failed (not retried), the
-    task's log names each failed check and its 'decision' XCom holds the whole decision."""
+def test_a_rejected_promotion_is_a_decision_not_a_failure_in_the_rest_api(airflow) -> None:
+    """A rejection is its own state: the gate task succeeds with the whole decision as its XCom,
+    `promote_challenger` is skipped with each failed check in its log (not failed, not retried),
+    and the report refresh after it is skipped (the champion stays)."""
     _, client, _ = airflow
     resp = client.trigger("tiny__promote", {"dry_run": False})
     assert resp.status_code == 200, resp.text
     client.unpause("tiny__promote")
     run_id = resp.json()["dag_run_id"]
-    run = client.wait_run("tiny__promote", run_id, timeout=600)
-    assert run["state"] == "failed"
+    client.wait_run("tiny__promote", run_id, timeout=600)
     tis = {t["task_id"]: t for t in client.task_instances("tiny__promote", run_id)}
-    ti = tis["gate_and_promote"]
-    assert ti["state"] == "failed" and ti["try_number"] == 1
-    assert tis["refresh_report"]["state"] == "upstream_failed"  # the report keeps the champion that stays
-    base = f"/api/v2/dags/tiny__promote/dagRuns/{run_id}/taskInstances/gate_and_promote"
-    xcom = client.http.get(f"{base}/xcomEntries/decision").json()
+    assert {k: t["state"] for k, t in tis.items()} == {"gate": "success", "promote_challenger": "skipped",
+                                                       "refresh_report": "skipped"}
+    base = f"/api/v2/dags/tiny__promote/dagRuns/{run_id}/taskInstances"
+    xcom = client.http.get(f"{base}/gate/xcomEntries/return_value").json()
     value = xcom["value"] if isinstance(xcom["value"], dict) else json.loads(xcom["value"])
     assert value["summary"]["reasons"] == REJECTED["reasons"]
-    log = client.http.get(f"{base}/logs/1", params={"full_content": "true"}).text
+    log = client.http.get(f"{base}/promote_challenger/logs/1", params={"full_content": "true"}).text
     assert "REJECTED challenger v2" in log and "regresses the champion's 0.880" in log
 
 

@@ -17,7 +17,7 @@ apply_local_airflow_env(process_test_home())  # before Airflow is imported anywh
 
 FEATURES = ["synth", "consolidate", "aggregates", "feast_apply", "training_set", "materialize"]
 SPARK_TASK = "consolidate_to_materialize"  # the features DAG's Spark steps, one task
-CHAIN = [*FEATURES, "train", "evaluate", "register", "distill", "export", "promote"]
+CHAIN = [*FEATURES, "train", "evaluate", "register", "distill", "export", "gate", "apply_gate"]
 ROWS = 6000
 
 pytestmark = pytest.mark.slow
@@ -165,8 +165,8 @@ def test_whole_chain_with_an_added_domain_and_objective(airflow_db, monkeypatch,
     assert student["model"] == "student" and student["challenger"] is True
 
     promote = dags["tiny__promote"].test(run_conf={"dry_run": False})
-    assert _states(promote) == {"gate_and_promote": "success", "refresh_report": "success"}
-    decision = _xcom(promote, "gate_and_promote")["summary"]
+    assert _states(promote) == {"gate": "success", "promote_challenger": "success", "refresh_report": "success"}
+    decision = _xcom(promote, "promote_challenger")["summary"]
     assert decision["passed"] and decision["champion_before"] is None
     assert decision["champion_after"] == student["version"]
     (artifacts / "dag_chain_promote.json").write_text(json.dumps(decision, indent=2, default=str))
@@ -176,45 +176,67 @@ def _try_numbers(dr) -> dict[str, int]:
     return {ti.task_id: ti.try_number for ti in dr.get_task_instances()}
 
 
-def _fake_stage(monkeypatch, name: str, fn) -> None:
-    """Stand in for a registered stage (dag.test() runs the tasks in this process)."""
-    from lattice import stages
-
-    real = stages.get_stage
-    monkeypatch.setattr(stages, "get_stage", lambda n: fn if n == name else real(n))
-
-
 REJECTED = {"passed": False, "decision": "reject", "challenger_version": 2, "champion_before": 1,
             "champion_after": 1, "dry_run": False, "gate_run_id": "run-1",
             "reasons": [{"passed": True, "message": "artifact parity 1e-7 <= 1e-4"},
                         {"passed": False, "message": "feed/click NE 0.912 regresses the champion's 0.880 by more than 0.01"}]}
 
 
-def test_a_rejected_promotion_is_a_failed_run_with_the_reasons(airflow_db, monkeypatch, tmp_path: Path) -> None:
-    """The rejection is visible at a glance: the gate task fails (red run), without retries even
-    though the DAG retries other failures, and its message and 'decision' XCom hold the reasons."""
-    dags = _dags(monkeypatch, _tiny(tmp_path), retries=2)
-    promote = dags["tiny__promote"]
-    assert promote.get_task("gate_and_promote").retries == 2
-    _fake_stage(monkeypatch, "promote", lambda config, paths, dry_run=False: dict(REJECTED))
-    dr = promote.test(run_conf={"dry_run": False})
-    assert str(dr.state) == "failed"
-    # the report keeps describing the champion that stays: its refresh never runs after a rejection
-    assert _states(dr) == {"gate_and_promote": "failed", "refresh_report": "upstream_failed"}
-    assert _try_numbers(dr)["gate_and_promote"] == 1  # failed at once, not up_for_retry
-    decision = _xcom(dr, "gate_and_promote", key="decision")["summary"]
-    assert decision["reasons"] == REJECTED["reasons"] and decision["champion_after"] == 1
-    # the same DAG with a passing gate is green, and the report is refreshed after it
+def _fake_stages(monkeypatch, fakes: dict) -> None:
     from lattice import stages
 
     real = stages.get_stage
-    fakes = {"promote": lambda config, paths, dry_run=False: {**REJECTED, "passed": True, "champion_after": 2},
-             "report": lambda config, paths, **_: {"report": "refreshed"}}
     monkeypatch.setattr(stages, "get_stage", lambda n: fakes.get(n) or real(n))
+
+
+def test_a_rejected_promotion_is_a_decision_not_a_failure(airflow_db, monkeypatch, tmp_path: Path) -> None:
+    """A rejection is its own state: the gate task succeeds (it decided; the decision and every
+    reason are its XCom), the task that would move the champion is skipped, and so is the report
+    refresh after it (the champion stays). A pass is green throughout."""
+    dags = _dags(monkeypatch, _tiny(tmp_path), retries=2)
+    promote = dags["tiny__promote"]
+    assert [t.task_id for t in promote.tasks] == ["gate", "promote_challenger", "refresh_report"]
+    moved = []
+    # the real apply_gate reads the gate's recorded decision: a reject comes back as is, nothing moves
+    _fake_stages(monkeypatch, {"gate": lambda config, paths, dry_run=False: dict(REJECTED),
+                               "apply_gate": lambda config, paths, dry_run=False: dict(REJECTED),
+                               "report": lambda config, paths, **_: moved.append("report") or {}})
     dr = promote.test(run_conf={"dry_run": False})
-    assert str(dr.state) == "success", _states(dr)
-    assert _xcom(dr, "gate_and_promote")["summary"]["champion_after"] == 2
-    assert _states(dr) == {"gate_and_promote": "success", "refresh_report": "success"}
+    assert _states(dr) == {"gate": "success", "promote_challenger": "skipped", "refresh_report": "skipped"}
+    assert str(dr.state) == "success" and moved == []
+    assert _try_numbers(dr)["gate"] == 1
+    decision = _xcom(dr, "gate")["summary"]
+    assert decision["reasons"] == REJECTED["reasons"] and decision["champion_after"] == 1
+    assert _xcom(dr, "gate", key="decision")["summary"]["passed"] is False
+    # a pass: the gate decides, promote_challenger moves the alias, the report is refreshed
+    passed = {**REJECTED, "passed": True, "decision": "promote"}
+    _fake_stages(monkeypatch, {"gate": lambda config, paths, dry_run=False: dict(passed),
+                               "apply_gate": lambda config, paths, dry_run=False: {**passed, "champion_after": 2},
+                               "report": lambda config, paths, **_: {"report": "refreshed"}})
+    dr = promote.test(run_conf={"dry_run": False})
+    assert _states(dr) == {"gate": "success", "promote_challenger": "success", "refresh_report": "success"}
+    assert _xcom(dr, "promote_challenger")["summary"]["champion_after"] == 2
+
+
+@pytest.mark.parametrize("crashing", ["gate", "apply_gate"])
+def test_a_crash_in_the_promote_chain_fails_its_task(airflow_db, monkeypatch, tmp_path: Path, crashing: str) -> None:
+    """A crash is red, never confused with a rejection: the task that crashed fails and the tasks
+    after it are upstream_failed."""
+    dags = _dags(monkeypatch, _tiny(tmp_path))  # no retries: the crash fails at once
+
+    def crash(config, paths, dry_run=False):
+        raise RuntimeError("registry unreachable")
+
+    fakes = {"gate": lambda config, paths, dry_run=False: {**REJECTED, "passed": True},
+             "apply_gate": lambda config, paths, dry_run=False: {**REJECTED, "passed": True, "champion_after": 2},
+             "report": lambda config, paths, **_: {}}
+    _fake_stages(monkeypatch, {**fakes, crashing: crash})
+    dr = dags["tiny__promote"].test(run_conf={"dry_run": False})
+    assert str(dr.state) == "failed"
+    want = ({"gate": "failed", "promote_challenger": "upstream_failed", "refresh_report": "upstream_failed"}
+            if crashing == "gate" else
+            {"gate": "success", "promote_challenger": "failed", "refresh_report": "upstream_failed"})
+    assert _states(dr) == want
 
 
 def test_a_deterministic_error_fails_without_retries(airflow_db, monkeypatch, tmp_path: Path) -> None:

@@ -94,7 +94,7 @@ def test_features_teacher_distill_promote_serve_on_the_scale_out_services(scaleo
     assert teacher["register_teacher"]["summary"]["model"] == "teacher"
     _dag(cfg, "distill", {"epochs": 1, "nproc": 1}, tmp_path)
     promote = _dag(cfg, "promote", {"dry_run": False}, tmp_path)
-    decision = promote["gate_and_promote"]["summary"]
+    decision = promote["promote_challenger"]["summary"]
     assert decision["passed"], decision
 
     reg = ModelRegistry(config, paths)

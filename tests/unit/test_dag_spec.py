@@ -127,10 +127,10 @@ def test_unregistered_stage_fails_with_a_clear_message(tmp_path: Path, monkeypat
     from lattice import stages
     from lattice.orchestration.task_runner import DeterministicError
 
-    monkeypatch.delitem(stages.STAGES, "promote", raising=False)
+    monkeypatch.delitem(stages.STAGES, "gate", raising=False)
     spec = next(s for s in dag_specs(load_config(ROOT / "configs" / "demo.yaml")) if s.family == "promote")
     monkeypatch.setenv("LATTICE_WORKDIR", str(tmp_path))
-    with pytest.raises(TaskError, match="'promote' is not registered in lattice/stages.py") as err:
+    with pytest.raises(TaskError, match="'gate' is not registered in lattice/stages.py") as err:
         run_task(ROOT / "configs" / "demo.yaml", spec.tasks[0], defaults(spec), spec.params)
     # retrying cannot register a stage: the task must fail at once, not burn its retries
     assert isinstance(err.value, DeterministicError)
@@ -210,7 +210,7 @@ def test_deterministic_errors_are_told_apart_from_retryable_ones(tmp_path: Path,
     def failing(config, paths, dry_run=False):
         raise raised[-1]
 
-    _with_stage(monkeypatch, "promote", failing)
+    _with_stage(monkeypatch, "gate", failing)
     for exc in (SourceError("feed_log: no column 'ts'"), ValidationFailed([], None),
                 ConfigError("x.yaml", [Problem("a", 1, "bad")]), RuntimeError("wrapped")):
         if isinstance(exc, RuntimeError) and not isinstance(exc, ValidationFailed):
@@ -231,19 +231,20 @@ def test_deterministic_errors_are_told_apart_from_retryable_ones(tmp_path: Path,
         run_task(ROOT / "configs" / "demo.yaml", task, {"epochs": 2}, spec.params)
 
 
-def test_a_rejected_promotion_fails_the_task_with_every_reason(tmp_path: Path, monkeypatch) -> None:
+def test_a_rejected_promotion_is_a_gate_rejection_with_every_reason(tmp_path: Path, monkeypatch) -> None:
     from lattice.orchestration.task_runner import GateRejected
 
     monkeypatch.setenv("LATTICE_WORKDIR", str(tmp_path / "work"))
     spec = next(s for s in dag_specs(load_config(ROOT / "configs" / "demo.yaml")) if s.family == "promote")
-    task = spec.tasks[0]
-    assert task.gate == "passed"
+    task, act = spec.tasks[0], spec.tasks[1]
+    assert (task.task_id, task.gate, task.acts_on_gate) == ("gate", "passed", False)
+    assert (act.task_id, act.gate, act.acts_on_gate) == ("promote_challenger", "passed", True)
     decision = {"passed": False, "decision": "reject", "challenger_version": 4, "champion_before": 3,
                 "champion_after": 3, "dry_run": False, "gate_run_id": "r1",
                 "reasons": [{"passed": True, "message": "export parity ok"},
                             {"passed": False, "message": "feed/click NE 0.91 > champion 0.88"},
                             {"passed": False, "message": "p99 latency 12 ms > 10 ms"}]}
-    _with_stage(monkeypatch, "promote", lambda config, paths, dry_run=False: dict(decision))
+    _with_stage(monkeypatch, "gate", lambda config, paths, dry_run=False: dict(decision))
     with pytest.raises(GateRejected) as info:
         run_task(ROOT / "configs" / "demo.yaml", task, defaults(spec), spec.params)
     message = str(info.value)
@@ -252,10 +253,14 @@ def test_a_rejected_promotion_fails_the_task_with_every_reason(tmp_path: Path, m
     assert "export parity ok" not in message  # only the failed checks
     assert info.value.result["summary"]["reasons"] == decision["reasons"]
     # a pass is a success, and a rollback is never gated
-    _with_stage(monkeypatch, "promote", lambda config, paths, dry_run=False: {**decision, "passed": True})
+    _with_stage(monkeypatch, "gate", lambda config, paths, dry_run=False: {**decision, "passed": True})
     assert run_task(ROOT / "configs" / "demo.yaml", task, defaults(spec), spec.params)["summary"]["passed"] is True
+    # the gate lets a rollback through without judging, and the step after it rolls back
+    from lattice.promotion.stages import gate
+
+    assert gate(None, None, rollback=True)["passed"] is True
     _with_stage(monkeypatch, "rollback", lambda config, paths: {"from_version": 3, "to_version": 2})
-    out = run_task(ROOT / "configs" / "demo.yaml", task, {**defaults(spec), "rollback": True}, spec.params)
+    out = run_task(ROOT / "configs" / "demo.yaml", act, {**defaults(spec), "rollback": True}, spec.params)
     assert out["stage"] == "rollback"
 
 

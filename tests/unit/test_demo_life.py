@@ -75,7 +75,7 @@ def test_round_record_and_report_section(demo_config):
                "trained_days": ["2026-01-11"], "days_seen": ["2026-01-01", "2026-01-02", "2026-01-11"]}
     summaries = {"train_teacher": {"history": [{"examples": 700}, {"examples": 700}], "seconds": 3.0},
                  "consolidate": {"raw_rows_read": 8000},
-                 "gate_and_promote": _gate(2, 1, 1, 0.99, 0.97, passed=False)}
+                 "promote_challenger": _gate(2, 1, 1, 0.99, 0.97, passed=False)}
     rec = round_record(life.rounds[1], summaries, lineage)
     assert rec["teacher_examples"] == 1400 and rec["trained_days"] == ["2026-01-11"] and rec["parent_days_seen"] == 2
     assert rec["decision"] == "reject" and rec["failed_checks"] == ["feed/click NE 0.99 vs 0.97"]

@@ -65,7 +65,7 @@ def test_config_decides_the_optional_steps(demo) -> None:
 def test_select_by_step_and_family(demo) -> None:
     steps = pipeline(demo)
     assert [s.task_id for s in select(steps, "distill", "promote")] == [
-        "distill_student", "export_student", "register_student", "gate_and_promote", "refresh_report"]
+        "distill_student", "export_student", "register_student", "gate", "promote_challenger", "refresh_report"]
     assert [s.task_id for s in select(steps, "training_set", "train_teacher")][0] == "training_set"
     assert select(steps, "training_set", "train_teacher")[-1].task_id == "train_teacher"  # a step name, not the family
     assert all(s.family in RUN_FAMILIES for s in select(steps))  # tune is never part of a run
@@ -106,5 +106,6 @@ def test_cli_lists_the_graph(demo, capsys) -> None:
 
     assert main(["run", str(ROOT / "configs" / "demo.yaml"), "--list", "--from", "distill"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
-    assert [ln.split()[1] for ln in lines] == ["distill_student", "export_student", "register_student", "gate_and_promote", "refresh_report"]
+    assert [ln.split()[1] for ln in lines] == ["distill_student", "export_student", "register_student", "gate",
+                                               "promote_challenger", "refresh_report"]
     assert main(["run", str(ROOT / "configs" / "demo.yaml"), "--list", "--to", "nowhere"]) == 2

@@ -600,3 +600,48 @@ def test_a_second_promote_waits_for_the_first_then_reports_the_holder(config, tm
     t.join()
     second.move_lock_wait_s = 5.0
     assert second.promote(second.version(1)) is None and second.by_alias(CHAMPION).version == 1
+
+
+def test_apply_gate_carries_out_the_recorded_decision_and_nothing_else(config, tmp_path):
+    """The DAGs' `promote_challenger` step: it moves the champion only on the gate's recorded pass
+    for the current challenger; a recorded reject comes back as is (the task is then skipped) and
+    moves nothing; a champion that moved since the gate is refused."""
+    from lattice.promotion.stages import apply_gate
+
+    paths = Paths.for_config(config, tmp_path / "wd")
+    _fake_model(paths, "student", 0.81, b"student-1")
+    register(config, paths, "student")
+    reg = ModelRegistry(config, paths)
+    v1 = reg.by_alias(CHALLENGER)
+    from lattice.orchestration.task_runner import NotYet
+
+    with pytest.raises(NotYet, match="no gate decision yet"):  # a waiting gate: the demo and `lattice run` go on
+        apply_gate(config, paths)
+    reject = {**_passing(), "decision": "reject", "passed": False, "challenger_version": 1, "champion_before": None,
+              "champion_after": None, "dry_run": False}
+    rid = reg.log_decision(v1, reject)
+    out = apply_gate(config, paths)
+    assert out["passed"] is False and out["gated_by"] == rid
+    assert reg.by_alias(CHAMPION) is None and reg.by_alias(CHALLENGER).version == 1
+
+    gated = {**_passing(), "challenger_version": 1, "champion_before": None, "champion_after": None, "dry_run": False}
+    reg.log_decision(v1, {**gated, "dry_run": True})
+    assert apply_gate(config, paths)["moved"] is False and reg.by_alias(CHAMPION) is None  # a dry run's pass
+    rid = reg.log_decision(v1, gated)
+    assert apply_gate(config, paths, dry_run=True)["moved"] is False and reg.by_alias(CHAMPION) is None
+    out = apply_gate(config, paths)
+    assert out["moved"] is True and out["champion_after"] == 1 and out["gated_by"] == rid
+    assert reg.by_alias(CHAMPION).version == 1 and reg.champion_history() == [1]
+
+    # v3 gated against champion v1, then v2 is promoted by someone else: the move is refused
+    _fake_model(paths, "student", 0.80, b"student-2")
+    register(config, paths, "student")
+    v2 = reg.by_alias(CHALLENGER)
+    _fake_model(paths, "student", 0.79, b"student-3")
+    register(config, paths, "student")
+    v3 = reg.by_alias(CHALLENGER)
+    reg.log_decision(v3, {**gated, "challenger_version": 3, "champion_before": 1})
+    reg.promote(v2)
+    with pytest.raises(RuntimeError, match="champion changed from 1 to 2"):
+        apply_gate(config, paths)
+    assert reg.by_alias(CHAMPION).version == 2 and reg.champion_history() == [1, 2]

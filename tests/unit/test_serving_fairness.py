@@ -110,3 +110,37 @@ def test_a_single_request_waits_for_one_chunk_not_a_whole_batch():
     # at most the chunk being scored (plus scheduling noise on a busy machine), never the
     # 160 ms batch: FIFO order would put the normal request behind the rest of the batch
     assert max(waits) < 2.5 * chunk_s, waits
+
+
+def test_a_big_batch_is_parsed_in_chunk_sized_turns_and_a_lone_request_takes_one(base_config, monkeypatch):  # noqa: F811
+    """A 1,024-row body's request rules cost more than its decode: they run a chunk of rows per
+    fair turn (so another client waits for one chunk's worth, not the whole parse), and the first
+    invalid row is still the one named. A lone request is parsed without a turn of its own: it
+    waits for one turn (its scoring), not two."""
+    import lattice.serving.fairness as fairness
+
+    turns: list[str] = []
+    real = fairness.FairScheduler.turn
+
+    def counted(self, client):
+        turns.append(client)
+        return real(self, client)
+
+    monkeypatch.setattr(fairness.FairScheduler, "turn", counted)
+    app = _app(base_config, max_batch=256, limits=_limits(base_config, score_chunk_rows=16))
+    rows = [dict(GOOD, request_id=f"r{i}") for i in range(200)]
+    bad = [*rows[:150], dict(GOOD, features={"device": 1, "price": -5.0}), *rows[151:]]
+
+    async def go(c):
+        single = await c.post("/predict", json=GOOD)
+        n_single = len(turns)
+        batch = await c.post("/predict", json={"requests": rows})
+        n_batch = len(turns) - n_single
+        refused = await c.post("/predict", json={"requests": bad})
+        return single, n_single, batch, n_batch, refused
+
+    single, n_single, batch, n_batch, refused = _run(app, go)
+    assert single.status_code == 200 and n_single == 1
+    assert batch.status_code == 200 and len(batch.json()["predictions"]) == 200
+    assert n_batch == 1 + 13 + 13  # the decode, the rules 16 rows a turn, the scoring 16 rows a turn
+    assert refused.status_code == 422 and refused.json()["detail"].startswith("requests[150]"), refused.text
