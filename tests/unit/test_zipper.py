@@ -293,3 +293,21 @@ def test_a_tiny_zipper_model_trains_and_exports_as_the_model_without_it(zipper_c
     for o in want:
         torch.testing.assert_close(got[o], want[o], rtol=0, atol=0)
         torch.testing.assert_close(got[o], torch.sigmoid(model(*b.inputs())[o]))
+
+
+def test_warm_start_across_the_label_rule(zipper_cfg) -> None:
+    """A `mask` parent warm-starts a Zipper model with fresh shorter heads; a Zipper parent cannot
+    warm-start a `mask` model (its heads would be dropped), refused naming label_delay."""
+    from lattice.models import build_model
+    from lattice.training.warm_start import WarmStartError, check_compatible
+
+    cfg = _tiny(zipper_cfg)
+    plain = cfg.model_copy(update={"training": cfg.training.model_copy(update={"label_delay": "mask", "zipper": None})})
+
+    def blob(c):
+        return {"kind": "teacher", "config": c.model_dump(mode="json"), "state_dict": build_model(c, "teacher", 2).state_dict()}
+
+    fresh = check_compatible(build_model(cfg, "teacher", 2), blob(plain), cfg, "teacher")
+    assert fresh and all(k.startswith("zipper.conversion.") for k in fresh)
+    with pytest.raises(WarmStartError, match=r"training\.label_delay.*warm_start: none"):
+        check_compatible(build_model(plain, "teacher", 2), blob(cfg), plain, "teacher")
