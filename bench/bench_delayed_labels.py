@@ -149,7 +149,7 @@ def net_config(config, rule: str, data_root: str, epochs: int):
     return PlatformConfig.model_validate(data)
 
 
-def run_nets(config, df: pd.DataFrame, tmp: Path, seed: int, epochs: int) -> list[dict]:
+def run_nets(config, df: pd.DataFrame, tmp: Path, seed: int, epochs: int, rules=NET_RULES) -> list[dict]:
     """The platform teacher under each label rule: `lattice train`'s stage function, windowed."""
     import contextlib
 
@@ -160,7 +160,7 @@ def run_nets(config, df: pd.DataFrame, tmp: Path, seed: int, epochs: int) -> lis
     write_local_table(config, paths, df=df)
     end = (config.time_range.start + dt.timedelta(days=CUTOFF_DAY)).isoformat()  # test day = day CUTOFF_DAY + 1
     out = []
-    for rule in NET_RULES:
+    for rule in rules:
         cfg = net_config(config, rule, str(tmp / "raw"), epochs)
         t = time.perf_counter()
         with open(os.devnull, "w") as quiet, contextlib.redirect_stdout(quiet):  # the trainer's plan and notes
@@ -175,7 +175,7 @@ def run_nets(config, df: pd.DataFrame, tmp: Path, seed: int, epochs: int) -> lis
     return out
 
 
-def run_seed(seed: int, rows_per_day: int, linear: bool, net_epochs: int) -> list[dict]:
+def run_seed(seed: int, rows_per_day: int, linear: bool, net_epochs: int, net_rules=NET_RULES) -> list[dict]:
     from sklearn.linear_model import LogisticRegression
 
     from lattice.data.synth import generate
@@ -193,7 +193,7 @@ def run_seed(seed: int, rows_per_day: int, linear: bool, net_epochs: int) -> lis
         timings["consolidate"] = time.perf_counter() - t
         if net_epochs:
             t = time.perf_counter()
-            out += run_nets(config, full, tmp, seed, net_epochs)
+            out += run_nets(config, full, tmp, seed, net_epochs, net_rules)
             timings["nets"] = time.perf_counter() - t
     df = full[full.domain.isin(["feed", "search"])].reset_index(drop=True)  # the domains that carry conversions
     start = dt.datetime.combine(config.time_range.start, dt.time())
@@ -229,13 +229,16 @@ def main() -> int:
     ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     ap.add_argument("--net-epochs", type=int, default=1, help="teacher epochs (0: skip the platform teacher)")
     ap.add_argument("--no-linear", action="store_true", help="skip the logistic-regression models")
+    ap.add_argument("--net-rules", nargs="+", default=list(NET_RULES), choices=NET_RULES, help="teacher runs to make")
+    ap.add_argument("--zipper-shares", type=float, nargs=3, default=ZIPPER["shares"], help="shares of the 1d / 3d / 7d windows")
     args = ap.parse_args()
+    ZIPPER["shares"] = list(args.zipper_shares)
     print(f"machine: {platform.machine()} {os.cpu_count()} cpus, python {platform.python_version()}; "
           f"{DAYS} days x {args.rows_per_day} impressions, cutoff after day {CUTOFF_DAY}, judged on day {CUTOFF_DAY + 1} "
-          "with matured labels; 30% of conversions 1-7 days late, attribution 7d")
+          f"with matured labels; 30% of conversions 1-7 days late, attribution 7d; zipper {ZIPPER}")
     rows = []
     for seed in args.seeds:
-        got = run_seed(seed, args.rows_per_day, not args.no_linear, args.net_epochs)
+        got = run_seed(seed, args.rows_per_day, not args.no_linear, args.net_epochs, args.net_rules)
         print(f"seed {seed}: test day {got[0]['test_rows']} rows, {got[0]['test_conversions']} matured conversions; "
               f"timings {got[0]['timings']}", flush=True)
         rows += got

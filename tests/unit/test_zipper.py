@@ -211,8 +211,9 @@ def _batch(cfg, n: int = 60, seed: int = 0, zipper: bool = True):
     return b
 
 
-@pytest.mark.parametrize("kind", ["teacher", "student"])
-def test_each_example_trains_only_its_windows_head(zipper_cfg, kind) -> None:
+@pytest.mark.parametrize("kind, teacher", [("teacher", False), ("student", False), ("student", True)])
+def test_each_example_trains_only_its_windows_head(zipper_cfg, kind, teacher) -> None:
+    """Also when distilled: the teacher's soft labels teach the served (longest) head only."""
     from lattice.models import build_model
     from lattice.training.loss import mdmo_loss
 
@@ -221,6 +222,9 @@ def test_each_example_trains_only_its_windows_head(zipper_cfg, kind) -> None:
     model = build_model(cfg, kind, 2).train()
     assert set(model.zipper) == {"conversion"} and len(model.zipper["conversion"]) == 2
     b = _batch(cfg)
+    if teacher:
+        b.teacher = {o: torch.full((len(b),), 0.3) for o in cfg.objective_names}
+        b.teacher_mask = torch.ones(len(b))
     out = model(*b.inputs())
     assert set(out) == {"click", "conversion", head_key("conversion", 0), head_key("conversion", 1)}
     for v in out.values():
@@ -229,6 +233,9 @@ def test_each_example_trains_only_its_windows_head(zipper_cfg, kind) -> None:
     m = b.zipper_masks["conversion"]
     for k, key in enumerate([head_key("conversion", 0), head_key("conversion", 1), "conversion"]):
         g = out[key].grad
+        if teacher and key == "conversion":
+            assert torch.all(g != 0)  # soft labels reach every row of the served head
+            continue
         assert torch.all(g[m[:, k] == 0] == 0), key  # no gradient from another window's rows or an open one
         assert torch.all(g[m[:, k] == 1] != 0), key
     # evaluation and export see the objectives only
