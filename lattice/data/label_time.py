@@ -121,4 +121,3 @@ def apply_cutoff_arrow(tbl: pa.Table, cutoff: dt.datetime, config: PlatformConfi
         tbl = tbl.set_column(tbl.column_names.index(lc), lc, pa.array(lab, type=lab_arr.type))
         tbl = tbl.set_column(tbl.column_names.index(mc), mc, pa.array(msk, type=msk_arr.type))
     return tbl
-

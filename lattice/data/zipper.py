@@ -6,9 +6,9 @@ serving reads the longest window's head.
 
 The labels are built here; the loader hands them to the model as `Batch.zipper_labels` /
 `zipper_masks`, LatticeNet grows the K-1 shorter heads (`LatticeNet.zipper`) and the loss trains
-each head on its own rows (lattice.training.loss). The window of an impression is a salted hash of its example id, so it is
-the same in every run, independent of the train/validation/test split's hash, and each window
-receives its declared share of the impressions.
+each head on its own rows (lattice.training.loss). The window of an impression is a salted hash
+of its example id, so it is the same in every run, independent of the train/validation/test
+split's hash, and each window receives its declared share of the impressions.
 """
 
 from __future__ import annotations
