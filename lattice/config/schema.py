@@ -555,14 +555,21 @@ class SplitSpec(Strict):
         return self
 
 
+from lattice.config.timing import Zipper  # noqa: E402 (kept beside its first use)
+
+
 class Training(Strict):
     split: SplitSpec = Field(default_factory=SplitSpec)
     """How examples are split into train / validation / test (see `SplitSpec`)."""
-    label_delay: Literal["mask", "naive"] = "mask"
+    label_delay: Literal["mask", "zipper", "naive"] = "mask"
     """How a training cutoff treats labels not yet known (objectives with `attribution`): `mask`
     leaves an impression out of that objective's loss while its attribution window is open at the
-    cutoff; `naive` takes every conversion not yet seen as a negative (biased low; kept only to
-    measure against, bench/bench_delayed_labels.py)."""
+    cutoff; `zipper` gives the teacher and the student one head per window of `training.zipper`
+    (each impression trains the head of its hashed window once that window has closed; the longest
+    window's head is the one served); `naive` takes every conversion not yet seen as a negative
+    (biased low; kept only to measure against, bench/bench_delayed_labels.py)."""
+    zipper: Zipper | None = None
+    """With `label_delay: zipper`: its windows and shares (see `Zipper`); refused otherwise."""
     batch_size: int = Field(default=1024, ge=1)
     """Examples per optimizer step over all ranks (each of N ranks loads batch_size / N)."""
     epochs: int = Field(default=2, ge=1)

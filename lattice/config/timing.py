@@ -98,6 +98,41 @@ class Market(Strict):
     as date-partitioned exports arrive; the sources then read `feed/date={date}/*.csv`."""
 
 
+class Zipper(Strict):
+    """Zipper heads (`training.label_delay: zipper`): K windows W1 < ... < WK; every impression of
+    an objective with an `attribution` window is hashed to one of them (lattice.data.zipper), labelled
+    with what was known within it, and trains only that window's head once its window has closed at
+    the training cutoff. Serving, export and evaluation read the longest window's head, so the
+    artifact's outputs are those of a model without Zipper."""
+
+    windows: list[str] = Field(min_length=2)
+    """The windows, strictly increasing (`[1d, 3d, 7d]`). The longest may not exceed any delayed
+    objective's `attribution` window nor the `time_range`; make it the attribution window, so the
+    served head predicts the label as it finally matures."""
+    shares: list[float] | None = None
+    """Share of the impressions hashed to each window, in the order of `windows` (positive, summing
+    to 1); unset: equal shares. A larger share for the longest window gives the served head more
+    rows; the shorter ones bring fresher impressions into the shared layers."""
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "Zipper":
+        spans = [parse_duration(w) for w in self.windows]
+        if any(b <= a for a, b in zip(spans, spans[1:])):
+            raise ValueError(f"windows {self.windows} must be strictly increasing (W1 < ... < WK), e.g. [1d, 3d, 7d]")
+        if self.shares is not None:
+            if len(self.shares) != len(self.windows):
+                raise ValueError(f"{len(self.shares)} shares for {len(self.windows)} windows; give one share per window or none")
+            if any(s <= 0 for s in self.shares) or abs(sum(self.shares) - 1) > 1e-6:
+                raise ValueError(f"shares {self.shares} must be positive and sum to 1, e.g. [0.3, 0.3, 0.4]")
+        return self
+
+    def spans(self) -> list[dt.timedelta]:
+        return [parse_duration(w) for w in self.windows]
+
+    def share_list(self) -> list[float]:
+        return list(self.shares) if self.shares is not None else [1 / len(self.windows)] * len(self.windows)
+
+
 def attribution_window(config, objective: str) -> dt.timedelta | None:
     """The objective's attribution window, or None when its label is known at the impression."""
     spec = next(o for o in config.objectives if o.name == objective).attribution
@@ -119,6 +154,7 @@ def label_time_problems(config) -> list[tuple[str, object, str]]:
             out.append((f"objectives[{i}].attribution", o.attribution,
                         f"longer than time_range ({config.time_range.start} to {config.time_range.end}, {span.days} days): no "
                         "impression's window could close inside the data; shorten the window or widen time_range"))
+    out += zipper_problems(config, span)
     for i, s in enumerate(config.sources):
         for name, spec in s.labels.items():
             if not spec.known_at:
@@ -133,4 +169,36 @@ def label_time_problems(config) -> list[tuple[str, object, str]]:
                 out.append((f"objectives[{j}].attribution", None,
                             f"sources[{i}].labels.{name}.known_at gives positives a time, but without an attribution "
                             f"window no negative is ever final; add e.g. `attribution: 7d` to objective {name!r}"))
+    return out
+
+
+def zipper_problems(config, span: dt.timedelta) -> list[tuple[str, object, str]]:
+    """`training.label_delay: zipper` and `training.zipper` agree with each other, the objectives'
+    attribution windows and the time range."""
+    tr = config.training
+    z = tr.zipper
+    if tr.label_delay != "zipper":
+        if z is not None:
+            return [("training.zipper", {"windows": z.windows}, f"only read with training.label_delay: zipper (it is "
+                     f"{tr.label_delay!r}); set label_delay: zipper or remove training.zipper")]
+        return []
+    if z is None:
+        return [("training.zipper.windows", None, "training.label_delay is 'zipper': give its windows, e.g. "
+                 "`zipper: {windows: [1d, 3d, 7d]}` under training (the longest equal to the objective's attribution)")]
+    delayed = [(i, o) for i, o in enumerate(config.objectives) if o.attribution]
+    if not delayed:
+        return [("training.label_delay", "zipper", "no objective has an attribution window, so there is nothing for "
+                 "Zipper heads to wait for; add e.g. `attribution: 7d` to a delayed objective or use label_delay: mask")]
+    out = []
+    longest = z.spans()[-1]
+    for i, o in delayed:
+        if longest > parse_duration(o.attribution):
+            out.append(("training.zipper.windows", z.windows,
+                        f"the longest window ({z.windows[-1]}) exceeds objectives[{i}].attribution ({o.attribution} for "
+                        f"{o.name!r}): a positive after the attribution window is never a label; make the last window "
+                        f"at most {o.attribution}"))
+    if longest > span:
+        out.append(("training.zipper.windows", z.windows,
+                    f"the longest window ({z.windows[-1]}) is longer than time_range ({span.days} days, the data kept): "
+                    "no impression of its head could close inside the data; shorten the window or widen time_range"))
     return out

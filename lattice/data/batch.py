@@ -20,6 +20,9 @@ class Batch:
     teacher: dict[str, torch.Tensor] | None = None  # objective -> (B,) teacher probability
     teacher_mask: torch.Tensor | None = None  # (B,) 1 where the teacher scored the example
     truth: dict[str, torch.Tensor] | None = field(default=None)  # objective -> (B,) true probability (NaN if unknown)
+    # training.label_delay zipper: objective -> (B, K) labels / masks of its K window heads (lattice.data.zipper)
+    zipper_labels: dict[str, torch.Tensor] | None = None
+    zipper_masks: dict[str, torch.Tensor] | None = None
 
     def inputs(self) -> tuple[torch.Tensor, KeyedJaggedTensor, torch.Tensor]:
         """The model's forward arguments."""

@@ -14,6 +14,8 @@ For an objective with attribution window W, an impression at time t:
   - `naive` (to measure against only): every impression keeps its mask; a positive counts once
     it is known (`known_<objective>` <= T, or t + W <= T when the source logs no time), anything
     else is a negative, which biases the rate down.
+  - `zipper`: the objective's own label and mask follow `mask` (validation and the served head
+    are judged on closed windows); the Zipper heads' labels come from lattice.data.zipper.
 Objectives without a window are known at the impression and pass through unchanged.
 """
 
@@ -31,6 +33,11 @@ from lattice.config.timing import attribution_window
 from lattice.data import schema as S
 
 MODES = ("mask", "naive")
+
+
+def main_mode(mode: str) -> str:
+    """The rule for an objective's own label and mask: Zipper judges its served head as `mask` does."""
+    return "mask" if mode == "zipper" else mode
 
 
 def _to_us(values) -> np.ndarray:
@@ -69,7 +76,7 @@ def mask_at_cutoff(df: pd.DataFrame, cutoff: dt.datetime | None, config: Platfor
     not modified."""
     if cutoff is None:
         return df
-    mode = mode or config.training.label_delay
+    mode = main_mode(mode or config.training.label_delay)
     out = df.copy()
     event = _to_us(df["event_timestamp"])
     for o in config.objective_names:
@@ -95,7 +102,7 @@ def columns_needed(config: PlatformConfig) -> list[str]:
 
 def apply_cutoff_arrow(tbl: pa.Table, cutoff: dt.datetime, config: PlatformConfig, mode: str | None = None) -> pa.Table:
     """`mask_at_cutoff` on an Arrow table (the loader's row groups), label and mask columns replaced."""
-    mode = mode or config.training.label_delay
+    mode = main_mode(mode or config.training.label_delay)
     objs = delayed_objectives(config)
     if not objs:
         return tbl

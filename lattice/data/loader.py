@@ -31,6 +31,7 @@ from lattice.data.batch import Batch, kjt_from_ids
 from lattice.data.split import Split, split_mask
 from lattice.data.transforms import DenseStats, StatsAccumulator, dense_spec
 from lattice.data.window import DaySplits, row_dates
+from lattice.data.zipper import zipper_heads_arrow
 from lattice.paths import Paths
 
 
@@ -304,9 +305,12 @@ class ExampleStream(IterableDataset):
     def _read(self, index: int, unit: Unit, enc: "RowEncoder", teacher: pd.DataFrame | None) -> dict[str, np.ndarray] | None:
         """One unit's rows of this split and rank, encoded (None when it keeps none)."""
         extra = ["split"] if self.days is None else ["date", "event_timestamp"]
-        if self.label_cutoff is not None:
+        zipper = self.config.training.label_delay == "zipper" and bool(label_time.delayed_objectives(self.config))
+        if self.label_cutoff is not None or zipper:
             extra += [c for c in label_time.columns_needed(self.config) if c not in extra]
         tbl, part = read_unit(unit, enc.columns + extra)
+        # Zipper heads' labels from the final ones, before the cutoff masks the open windows
+        heads = zipper_heads_arrow(tbl, self.label_cutoff, self.config) if zipper else {}
         if self.label_cutoff is not None:
             tbl = label_time.apply_cutoff_arrow(tbl, self.label_cutoff, self.config)
         keep = _row_split(self.config, tbl, part, self.split, self.days)
@@ -316,6 +320,10 @@ class ExampleStream(IterableDataset):
         if not keep.any():
             return None
         arrs = enc.encode(tbl, part, keep)
+        for o, (lab, msk) in heads.items():  # one 1-D column per head, so `pack` ships them as it does labels
+            for k in range(lab.shape[1]):
+                arrs[f"zlabel:{o}:{k}"] = lab[keep, k].astype(np.float32)
+                arrs[f"zmask:{o}:{k}"] = msk[keep, k].astype(np.float32)
         if teacher is not None:
             self._attach_teacher(arrs, teacher)
         return arrs
@@ -378,6 +386,10 @@ def to_batch(config: PlatformConfig, arrs: dict[str, np.ndarray]) -> Batch:
 
     teacher = {o: t(arrs[f"teacher:{o}"]) for o in objs} if "teacher_mask" in arrs else None
     truth = {o: t(arrs[f"truth:{o}"]) for o in objs} if f"truth:{objs[0]}" in arrs else None
+    # Zipper heads (training.label_delay: zipper): objective -> (B, K), one column per window
+    zk = {o: sum(1 for k in arrs if k.startswith(f"zmask:{o}:")) for o in objs}
+    zl = {o: torch.from_numpy(np.stack([arrs[f"zlabel:{o}:{k}"] for k in range(n)], 1)) for o, n in zk.items() if n}
+    zm = {o: torch.from_numpy(np.stack([arrs[f"zmask:{o}:{k}"] for k in range(n)], 1)) for o, n in zk.items() if n}
     return Batch(
         dense=t(arrs["dense"]),
         sparse=kjt_from_ids(names, [arrs[f"id:{n}"] for n in names], [arrs[f"has:{n}"] for n in names]),
@@ -388,6 +400,8 @@ def to_batch(config: PlatformConfig, arrs: dict[str, np.ndarray]) -> Batch:
         teacher=teacher,
         teacher_mask=t(arrs["teacher_mask"]) if teacher is not None else None,
         truth=truth,
+        zipper_labels=zl or None,
+        zipper_masks=zm or None,
     )
 
 

@@ -11,7 +11,8 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from lattice.config import PlatformConfig
 from lattice.config.schema import ModelSize
-from lattice.models.chain import apply_chains, chains, conditional_rates
+from lattice.data.zipper import head_key
+from lattice.models.chain import apply_chains, chained_logit, chains, conditional_rates
 from lattice.models.gemm import Linear
 from lattice.models.interaction import DomainFM, DomainUntied, WukongLayer, mlp, trunk
 from lattice.models.mods import Mods
@@ -90,12 +91,22 @@ class LatticeNet(nn.Module):
         self.gates = (nn.ModuleDict({o: Linear(n_flat, len(self.experts), bias=Mods.of(size).bias) for o in self.objectives})
                       if len(self.experts) > 1 else None)
         self.heads = nn.ModuleDict({o: mlp(head_in, size.head_dims, 1, size.dropout, size) for o in self.objectives})
+        # Zipper (training.label_delay: zipper): the K-1 shorter windows' heads of each delayed
+        # objective; its own head above is the longest window's, the one evaluated and served
+        z = config.training.zipper if config.training.label_delay == "zipper" else None
+        delayed = [o.name for o in config.objectives if o.attribution and o.name in self.objectives] if z else []
+        self.zipper = (nn.ModuleDict({o: nn.ModuleList([mlp(head_in, size.head_dims, 1, size.dropout, size)
+                                                        for _ in range(len(z.windows) - 1)]) for o in delayed})
+                       if delayed else None)
         self.chains = chains(config, self.objectives)  # (objective, given): see chain.py
 
     def set_output_bias(self, rates: dict[str, float]) -> None:
         """Start every head at its objective's base rate, so early steps learn structure instead
         of the (very skewed) label prior."""
-        set_head_bias(self.heads, conditional_rates(rates, self.chains))
+        rates = conditional_rates(rates, self.chains)
+        set_head_bias(self.heads, rates)
+        for o, heads in (self.zipper or {}).items():  # a shorter window's rate is lower; this is a start
+            set_head_bias(nn.ModuleDict({str(k): h for k, h in enumerate(heads)}), {str(k): rates.get(o, 0.5) for k in range(len(heads))})
 
     def tokens(self, dense: torch.Tensor, sparse: KeyedJaggedTensor, domain: torch.Tensor,
                code: torch.Tensor | None = None) -> torch.Tensor:
@@ -123,10 +134,24 @@ class LatticeNet(nn.Module):
         flat = torch.cat(context, dim=1)  # (B, sum_l N_l*D)
         if self.gates is None:
             h = self.experts[0](flat)  # (B, shared_dims[-1]); the tokens themselves without shared_dims
-            out = {o: head(h).squeeze(-1) for o, head in self.heads.items()}  # objective -> (B,) logits
+            inputs = {o: h for o in self.heads}
         else:
             e = torch.stack([ex(flat) for ex in self.experts], dim=1)  # (B, E, H)
             # the expert mix is not an FP8 site: a (1, E) x (E, H) product per example (gemm.py)
-            out = {o: head(torch.einsum("be,beh->bh", torch.softmax(self.gates[o](flat), -1), e)).squeeze(-1)
-                   for o, head in self.heads.items()}
-        return apply_chains(out, self.chains)
+            inputs = {o: torch.einsum("be,beh->bh", torch.softmax(self.gates[o](flat), -1), e) for o in self.heads}
+        out = {o: head(inputs[o]).squeeze(-1) for o, head in self.heads.items()}  # objective -> (B,) logits
+        out = apply_chains(out, self.chains)
+        if self.training and self.zipper is not None:
+            out.update(self.zipper_logits(inputs, out))
+        return out
+
+    def zipper_logits(self, inputs: dict[str, torch.Tensor], out: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Training only: the shorter Zipper heads' logits (lattice.data.zipper.head_key), chained
+        like their objective's own head. Evaluation, export and serving never see them."""
+        given = dict(self.chains)
+        z = {}
+        for o, heads in self.zipper.items():
+            for k, head in enumerate(heads):
+                logit = head(inputs[o]).squeeze(-1)
+                z[head_key(o, k)] = chained_logit(out[given[o]], logit) if o in given else logit
+        return z

@@ -50,6 +50,7 @@ log = logging.getLogger(__name__)
 PARENT = "parent"  # <model dir>/parent/: the previous model of a `last` warm start, moved aside
 # config sections whose change can make old weights unusable (named in a refusal)
 _SHAPING = ("domains", "objectives", "features", "models")
+_SHAPING_TRAINING = ("label_delay", "zipper")  # Zipper heads are parameters of the model
 
 
 class WarmStartError(ValueError):
@@ -144,8 +145,10 @@ def _flat(prefix: str, value: Any, out: dict[str, Any]) -> dict[str, Any]:
 
 def config_changes(old: dict, new: dict) -> list[str]:
     """Changed keys of the sections that shape a model, as `key: old -> new`."""
-    a = _flat("", {k: old.get(k) for k in _SHAPING}, {})
-    b = _flat("", {k: new.get(k) for k in _SHAPING}, {})
+    def shaping(c: dict) -> dict:
+        return {**{k: c.get(k) for k in _SHAPING}, "training": {k: (c.get("training") or {}).get(k) for k in _SHAPING_TRAINING}}
+
+    a, b = _flat("", shaping(old), {}), _flat("", shaping(new), {})
     return [f"{k}: {a.get(k, '(absent)')!r} -> {b.get(k, '(absent)')!r}" for k in sorted(set(a) | set(b))
             if a.get(k) != b.get(k) and not k.endswith(("description", "min_rows", "label_rate", "loss_weight"))]
 
