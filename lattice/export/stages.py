@@ -36,6 +36,13 @@ def export_model(config: PlatformConfig, paths: Paths, model: str = "student", i
     int8 = config.promotion.int8_embeddings if int8 is None else int8
     src = paths.model_dir(model)
     trained = load_trained(src)
+    if trained.blob.get("leaves"):
+        # serving would have to compute the leaf ids from the raw request (issue 38): neither LightGBM in
+        # the predictor nor a compiled form of the trees inside the TorchScript artifact is built yet
+        raise NotImplementedError(
+            f"{model} reads tree leaf ids (models.leaves.models = {trained.config.models.leaves.models}) and the export "
+            "cannot compute them from a raw request yet (issue 38: the trees are not in the serving artifact); "
+            f"export a model trained without leaves (take {trained.blob['kind']!r} out of models.leaves.models and retrain)")
     out = src / "export"
     tmp = src / "export.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
