@@ -489,8 +489,9 @@ class TreeLeaves(Strict):
     table of `num_trees * num_leaves` rows). Off by default. `lattice trees fit` fits the trees (one
     booster per objective, `num_trees` and `num_leaves` here, the other LightGBM settings of
     `baselines.trees`); a model listed here refuses to train without that fit, and carries it in
-    its model.pt (boosters, encodings, fit identity) and lineage. Such a model is not exported
-    yet: serving cannot compute leaf ids from a raw request (issue 38)."""
+    its model.pt (boosters, encodings, fit identity) and lineage; its export carries the fit as
+    `trees.json`, and the predictor computes each request's leaf ids with LightGBM from the raw
+    columns (docs/bench/tree-leaves.md: figures, latency and why off by default)."""
 
     models: list[Literal["teacher", "student"]] = Field(default_factory=list)
     """The networks that read leaf ids (empty: none; the default)."""

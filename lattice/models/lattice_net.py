@@ -70,6 +70,7 @@ class LatticeNet(nn.Module):
         self.domain = nn.Embedding(n_domains, d) if use_domain else None
         # leaves: LeafForest.spec() of the tree fit whose leaf ids this model reads (lattice.models.leaves)
         self.leaves = LeafArch(leaves, d) if leaves else None
+        self.n_sparse = self.sparse.num_tokens  # the features' keys come first in the KJT, the forests' after
         n = (self.sparse.num_tokens + (size.dense_tokens if n_dense else 0) + (1 if use_domain else 0)
              + (self.leaves.num_tokens if self.leaves is not None else 0))
         context = n  # tokens the heads see: the input tokens and every layer's output (below)
@@ -107,7 +108,7 @@ class LatticeNet(nn.Module):
         """`code`: the dense columns already encoded (DenseArch.code), when the caller has them."""
         leaf_kjt = None
         if self.leaves is not None:
-            sparse, leaf_kjt = split_leaves(sparse, self.sparse.num_tokens, self.leaves)
+            sparse, leaf_kjt = split_leaves(sparse, self.n_sparse, self.leaves)
         parts = [self.sparse(sparse)]  # (B, F, D)
         if self.dense is not None:
             parts.append(self.dense(dense) if code is None else self.dense(dense, code))  # (B, T, D)

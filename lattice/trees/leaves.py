@@ -28,6 +28,8 @@ from lattice.data.transforms import DenseStats
 from lattice.models.gbdt import SparseEncoding, TreeFeatures
 
 KEY_PREFIX = "leaves_"
+TREES_FILE = "trees.json"
+"""The tree fit inside an exported artifact (LeafForest.to_json), next to the TorchScript module."""
 
 
 def leaf_key(objective: str) -> str:
@@ -94,6 +96,16 @@ class LeafForest:
                   for e in d["sparse"]]
         return cls(dict(d["boosters"]), DenseStats.from_json(d["dense_stats"]), sparse, bool(d["with_domain"]),
                    int(d["num_leaves"]), dict(d["fit"]))
+
+    def to_json(self) -> str:
+        """The fit as text (the artifact's trees.json: no pickle in what serving loads)."""
+        d = self.blob()
+        d["sparse"] = [{**e, "ids": e["ids"].tolist(), "counts": e["counts"].tolist()} for e in d["sparse"]]
+        return json.dumps(d)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> "LeafForest":
+        return cls.from_blob(json.loads(text))
 
     def spec(self) -> dict:
         """What the model builder needs: objective -> trees, and leaves per tree."""

@@ -170,9 +170,47 @@ def test_a_teacher_with_leaves_trains_carries_its_fit_and_scores_with_it(fitted,
     assert set(out) == set(cfg.objective_names)
     with pytest.raises(ValueError, match="leaf ids"):  # a batch built without them is refused, never scored blind
         saved.model(*batch_from_frame(saved.config, saved.stats, frame).inputs())
+
+
+def test_the_exported_artifact_scores_a_raw_request_as_training_code_does(fitted) -> None:
+    """LightGBM in the predictor, beside the TorchScript module: raw rows in, the same leaf ids and
+    the same probabilities as the training-time model on the training-time batch."""
+    import pandas as pd
+    import pyarrow as pa
+    import torch
+
+    from lattice.data.loader import batch_from_frame, find_table
+    from lattice.export.predictor import Predictor
     from lattice.export.stages import export_model
-    with pytest.raises(NotImplementedError, match="leaf ids"):
-        export_model(cfg, paths, "teacher")
+    from lattice.models.saved import load_saved
+    from lattice.training.stages import train
+    from lattice.trees.leaves import TREES_FILE
+
+    cfg, paths, manifest, _ = fitted
+    cfg = _leaves_on(cfg, ["student"])
+    train(cfg, paths, model="student", nproc=1, epochs=1, progress=False)
+    summary = export_model(cfg, paths, "student")
+    art = Path(summary["artifact"])
+    assert (art / TREES_FILE).exists()
+    meta = json.loads((art / "metadata.json").read_text())
+    saved = load_saved(paths.model_dir("student"))
+    assert meta["leaves"]["sha256"] == saved.model.leaf_forest.fit["sha256"]
+    predictor = Predictor.load(art)
+    raw = pd.read_parquet(find_table(paths))
+    raw = raw[raw["split"] == "test"].head(200).reset_index(drop=True)
+    with torch.no_grad():
+        want = {o: torch.sigmoid(v).numpy() for o, v in saved.model(*batch_from_frame(
+            saved.config, saved.stats, raw, leaves=saved.model.leaf_forest).inputs()).items()}
+    # the serving path: one Arrow row per request, only the request's raw columns
+    request_cols = [c for c in raw.columns if not c.startswith(("label_", "mask_", "truth_", "split"))]
+    for i in range(0, 200, 37):
+        got = predictor.predict_table(pa.Table.from_pandas(raw.loc[[i], request_cols], preserve_index=False))
+        for o in want:
+            np.testing.assert_allclose(got[o], want[o][[i]], rtol=0, atol=1e-6)
+    got = predictor.predict_frame(raw[request_cols])  # a batch of 200
+    for o in want:
+        np.testing.assert_allclose(got[o], want[o], rtol=0, atol=1e-6)
+    assert summary["max_abs_diff"] <= 1e-6
 
 
 def test_leaves_feed_the_teacher_and_the_student_only() -> None:
