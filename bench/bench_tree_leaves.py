@@ -180,13 +180,16 @@ def run_one(config, paths, model: str, epochs: int | None, teacher_scores=None) 
 def leaf_latency(config, paths, reps: int = 2000) -> dict:
     """What LightGBM beside the TorchScript module would add to a request: the forest's leaf ids
     (matrix from the raw columns + pred_leaf of every booster) for 1 and for 256 rows, p50 / p99 ms."""
-    from lattice.data.loader import RowEncoder, find_table, read_unit, scan_units
+    from lattice.data.loader import RowEncoder, find_table
     from lattice.trees.leaves import LeafForest
 
     forest = LeafForest.load(paths.trees)
     enc = RowEncoder(config, forest.stats)
-    tbl, part = read_unit(scan_units(find_table(paths))[0], enc.columns)
-    arrs = enc.encode(tbl.slice(0, 256), part)
+    import pyarrow as pa
+
+    tbl = pa.Table.from_pandas(pd.read_parquet(find_table(paths)).head(256), preserve_index=False)
+    part: dict = {}
+    arrs = enc.encode(tbl, part)
     n = len(arrs["domain"])
     dense = {c.column: (tbl.column(c.column).to_numpy(zero_copy_only=False).astype(float)[:n] if c.column in tbl.column_names
                         else np.zeros(n)) for c in forest.stats.columns}
@@ -284,6 +287,7 @@ def main() -> None:
     p.add_argument("--num-leaves", type=int, default=31)
     p.add_argument("--student", action="store_true", help="also the students distilled from each teacher")
     p.add_argument("--others", default="", help="more platform models on the same rows, e.g. mmoe,separate")
+    p.add_argument("--out", default=str(ROOT / ".lattice" / "bench" / "bench_tree_leaves.json"))
     p.add_argument("--latency-only", action="store_true", help="fit the trees and time their leaf ids per request only")
     p.add_argument("--demo-rows", type=int, default=60_000)
     p.add_argument("--reuse", action="store_true", help="keep a training set already built in the work folder")
@@ -294,7 +298,7 @@ def main() -> None:
     print(f"machine: {platform.machine()}, {os.cpu_count()} cpus, python {platform.python_version()}, "
           f"load avg {os.getloadavg()[0]:.1f}", flush=True)
     out = {name: run_dataset(name, args) for name in args.datasets.split(",")}
-    dest = ROOT / ".lattice" / "bench" / "bench_tree_leaves.json"
+    dest = Path(args.out)
     dest.parent.mkdir(parents=True, exist_ok=True)
     dest.write_text(json.dumps(out, indent=2, default=str))
     print(f"figures written to {dest}")

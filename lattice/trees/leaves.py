@@ -133,7 +133,9 @@ class LeafForest:
 
     def leaves(self, x: np.ndarray) -> dict[str, np.ndarray]:
         """objective -> (n, trees) int64 leaf index (LightGBM pred_leaf)."""
-        return {o: np.asarray(self.booster(o).predict(x, pred_leaf=True), dtype=np.int64).reshape(len(x), -1)
+        # one thread: a request is a few rows, and OpenMP threads spinning beside torch's on shared
+        # cores put the single-row p99 at 100+ ms (bench/bench_tree_leaves.py --latency-only)
+        return {o: np.asarray(self.booster(o).predict(x, pred_leaf=True, num_threads=1), dtype=np.int64).reshape(len(x), -1)
                 for o in self.boosters}
 
     def arrays(self, dense_raw: dict[str, np.ndarray], ids: dict[str, tuple[np.ndarray, np.ndarray]],
