@@ -170,7 +170,7 @@ def with_leaves(kjt, arrs: dict[str, np.ndarray]):
     forests = leaf_values(arrs)
     return KeyedJaggedTensor(
         keys=kjt.keys() + [k for k, _, _ in forests],
-        values=torch.cat([kjt.values()] + [torch.from_numpy(np.ascontiguousarray(v)) for _, v, _ in forests]),
+        values=torch.cat([kjt.values()] + [torch.from_numpy(v if v.flags.writeable else v.copy()) for _, v, _ in forests]),
         lengths=torch.cat([kjt.lengths()] + [torch.from_numpy(ls) for _, _, ls in forests]),
     )
 

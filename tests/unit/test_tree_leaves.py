@@ -156,6 +156,9 @@ def test_a_teacher_with_leaves_trains_carries_its_fit_and_scores_with_it(fitted,
     forest = LeafForest.load(paths.trees)
     assert saved.model.leaf_forest.fit["sha256"] == forest.fit["sha256"]
     assert json.loads((paths.model_dir("teacher") / "metrics.json").read_text())["leaves"]["sha256"] == forest.fit["sha256"]
+    from lattice.training.lineage import tags
+    assert saved.blob["lineage"]["trees"]["sha256"] == forest.fit["sha256"]
+    assert forest.fit["sha256"] in tags(saved.blob["lineage"])["lattice.lineage.trees"]
     arch = [m for m in saved.model.modules() if isinstance(m, LeafArch)]
     assert len(arch) == 1 and arch[0].num_tokens == len(forest.boosters)
     # the table is sized from the fit: trees kept by early stopping times leaves per tree
