@@ -124,17 +124,18 @@ def shipped(name: str, workdir: Path, reuse: bool, demo_rows: int, overrides: li
 
     cfg_file = ROOT / "configs" / f"{name}.yaml"
     config = load_config(cfg_file, overrides)
+    if name == "demo":
+        config = config.model_copy(update={"data_root": str(workdir / "raw")})
     paths = Paths.for_config(config, workdir)
     paths.ensure()
     if name == "demo":
         from lattice.data.local_table import write_local_table
         from lattice.data.synth import generate
 
-        if not (reuse and any(paths.consolidated.rglob("*.parquet"))):
-            config = config.model_copy(update={"data_root": str(workdir / "raw")})
+        if not (reuse and paths.consolidated.exists() and any(paths.consolidated.rglob("*.parquet"))):
             generate(config, demo_rows, workdir / "raw", progress=False)
             write_local_table(config, paths)
-        return config.model_copy(update={"data_root": str(workdir / "raw")}), paths
+        return config, paths
     if not (reuse and paths.training_set.exists() and any(paths.training_set.rglob("*.parquet"))):
         t = time.perf_counter()
         env = {**os.environ, "LATTICE_SHARED_DATA": str(SHARED)}
