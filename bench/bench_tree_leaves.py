@@ -290,7 +290,7 @@ def main() -> None:
     p.add_argument("--bank-split", choices=["time", "hash"], default="time",
                    help="bank: time order (the issue's choice) or a seeded hash of the row (no drift, a contrast)")
     p.add_argument("--num-trees", type=int, default=50)
-    p.add_argument("--num-leaves", type=int, default=31)
+    p.add_argument("--num-leaves", type=int, default=15, help="models.leaves.num_leaves (its default: 15)")
     p.add_argument("--student", action="store_true", help="also the students distilled from each teacher")
     p.add_argument("--others", default="", help="more platform models on the same rows, e.g. mmoe,separate")
     p.add_argument("--tree-threads", type=int, default=1, help="LightGBM threads of every fit")
