@@ -211,6 +211,25 @@ def leaf_latency(config, paths, reps: int = 2000) -> dict:
     return out
 
 
+def export_latency(config, paths, rounds: int = 2, iterations: int = 1000) -> dict:
+    """The exported student without and with leaves, in alternation: single-request latency
+    through `Predictor.predict_table` (lattice.export.window.latency_ms: wall and CPU time, 1
+    torch thread), as serving runs it."""
+    from lattice.export.predictor import Predictor
+    from lattice.export.stages import export_model
+    from lattice.export.window import latency_ms, load_window
+
+    out: dict[str, list[dict]] = {}
+    window = load_window(config, paths, "test", max_rows=4096)
+    for _ in range(rounds):
+        for m in ("student", "student@leaves"):
+            s = export_model(config, paths, m)
+            lat = latency_ms(Predictor.load(Path(s["artifact"])), window, iterations=iterations)
+            out.setdefault(m, []).append({**lat, "max_abs_diff": s["max_abs_diff"]})
+            print(f"  export {m}: " + ", ".join(f"{k} {v:.3f}" for k, v in lat.items()), flush=True)
+    return out
+
+
 def summary(config, rows: dict[str, list[dict]]) -> str:
     """Per model: macro test NE and AUC per objective, mean over seeds (min..max when several)."""
     head = ["model"] + [f"NE {o}" for o in config.objective_names] + [f"AUC {o}" for o in config.objective_names]
@@ -273,6 +292,8 @@ def run_dataset(name: str, args) -> dict:
     print(f"\n[{name}] test NE per (domain, objective) and macro NE per objective (mean over seeds {args.seeds}; "
           f"leaves {args.num_trees} trees x {args.num_leaves} leaves)\n" + table(config, rows) + "\n", flush=True)
     print(summary(config, rows) + "\n", flush=True)
+    if args.export_latency and args.student:
+        found["export_latency"] = export_latency(config, paths)
     print(f"paired intervals on seed {args.seeds[0]}'s test rows:\n" + versus_lines(found), flush=True)
     for runs in rows.values():
         for r in runs:
@@ -295,6 +316,7 @@ def main() -> None:
     p.add_argument("--others", default="", help="more platform models on the same rows, e.g. mmoe,separate")
     p.add_argument("--tree-threads", type=int, default=1, help="LightGBM threads of every fit")
     p.add_argument("--out", default=str(ROOT / ".lattice" / "bench" / "bench_tree_leaves.json"))
+    p.add_argument("--export-latency", action="store_true", help="with --student: export both students, time single requests")
     p.add_argument("--latency-only", action="store_true", help="fit the trees and time their leaf ids per request only")
     p.add_argument("--demo-rows", type=int, default=60_000)
     p.add_argument("--reuse", action="store_true", help="keep a training set already built in the work folder")
