@@ -12,7 +12,12 @@ from torch import nn
 from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, PoolingType
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from lattice.trees.leaves import leaf_key
+KEY_PREFIX = "leaves_"
+
+
+def leaf_key(objective: str) -> str:
+    """The KJT key (and EBC feature) of one objective's forest (lattice.trees.leaves builds it)."""
+    return f"{KEY_PREFIX}{objective}"
 
 
 class LeafArch(nn.Module):

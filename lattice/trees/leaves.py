@@ -26,15 +26,10 @@ import numpy as np
 
 from lattice.data.transforms import DenseStats
 from lattice.models.gbdt import SparseEncoding, TreeFeatures
+from lattice.models.leaves import KEY_PREFIX, leaf_key  # noqa: F401  (the KJT keys of the forests)
 
-KEY_PREFIX = "leaves_"
 TREES_FILE = "trees.json"
 """The tree fit inside an exported artifact (LeafForest.to_json), next to the TorchScript module."""
-
-
-def leaf_key(objective: str) -> str:
-    """The KJT key (and EBC feature) of one objective's forest."""
-    return f"{KEY_PREFIX}{objective}"
 
 
 class NoTreeFit(FileNotFoundError):
