@@ -32,6 +32,8 @@ STAGES: dict[str, str] = {
     "materialize": "pipelines.feast_jobs:materialize",
     # id maps of the vocab / mixed / learned hashing schemes, fitted on the training split
     "hashing_fit": "lattice.hashing.fit:fit_hashing",
+    # the boosters whose leaf ids feed the models that read them (models.leaves), on the training split
+    "trees_fit": "lattice.trees.fit:fit_trees",
     # hyperparameter search on the validation split (Optuna study under <workdir>/tune/)
     "tune": "lattice.tuning.stages:tune",
     # the served model's health: the prediction log joined with the labels that arrived, rules

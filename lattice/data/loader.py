@@ -159,17 +159,21 @@ class RowEncoder:
     same way: `encode` takes an Arrow table (the training set), `assemble` takes numpy columns
     (serving builds those straight from requests, without an Arrow table per request)."""
 
-    def __init__(self, config: PlatformConfig, stats: DenseStats, with_truth: bool = False):
+    def __init__(self, config: PlatformConfig, stats: DenseStats, with_truth: bool = False, leaves=None):
         self.config = config
         self.stats = stats
         self.with_truth = with_truth
+        # leaves: a lattice.trees.leaves.LeafForest for a model that reads leaf ids (issue 38);
+        # its trees read the raw columns through their own fit's transform
+        self.leaves = leaves
+        tree_dense = [c.column for c in leaves.stats.columns] if leaves is not None else []
         self.domain_index = {d: i for i, d in enumerate(config.domain_names)}
         self.sparse = [(f.name, f.column) for f in config.features.sparse]
         objs = config.objective_names
         self.targets = [S.label_column(o) for o in objs] + [S.mask_column(o) for o in objs] + (
             [S.truth_column(o) for o in objs] if with_truth else [])
         self.columns = list(dict.fromkeys(
-            ["example_id", "domain"] + [c for _, c in self.sparse] + [c.column for c in stats.columns] + self.targets
+            ["example_id", "domain"] + [c for _, c in self.sparse] + [c.column for c in stats.columns] + tree_dense + self.targets
         ))
 
     def encode(self, tbl: pa.Table, partition: dict[str, str], keep: np.ndarray | None = None) -> dict[str, np.ndarray]:
@@ -196,7 +200,7 @@ class RowEncoder:
                 sparse[c] = (pc.fill_null(a.cast(pa.int64()), 0).to_numpy().astype(np.int64),
                              pc.is_valid(a).to_numpy(zero_copy_only=False).astype(bool))
         dense = {}
-        for c in self.stats.columns:
+        for c in self.stats.columns + (self.leaves.stats.columns if self.leaves is not None else []):
             a = col(c.column)
             if a is not None:
                 dense[c.column] = pc.fill_null(a.cast(pa.float64()), 0.0).to_numpy()
@@ -227,6 +231,9 @@ class RowEncoder:
             else:
                 out[f"id:{name}"], out[f"has:{name}"] = np.zeros(n, np.int64), np.zeros(n, bool)
         out["dense"] = self.stats.apply(dense, n)
+        if self.leaves is not None:  # (n, trees) per objective: lattice.trees.leaves
+            out.update(self.leaves.arrays(dense, {name: (out[f"id:{name}"], out[f"has:{name}"]) for name, _ in self.sparse},
+                                          dom_idx, n))
         for o in self.config.objective_names:
             for kind, col in (("label", S.label_column(o)), ("mask", S.mask_column(o))):
                 out[f"{kind}:{o}"] = targets[col] if col in targets else np.zeros(n, np.float32)
@@ -254,8 +261,10 @@ class ExampleStream(IterableDataset):
     def __init__(self, config: PlatformConfig, root: Path, stats: DenseStats, split: Split, batch_size: int,
                  rank: int = 0, world_size: int = 1, seed: int = 0, shuffle: bool = True,
                  teacher_scores: str | Path | None = None, with_truth: bool = False, buffer_rows: int | None = None,
-                 cache_bytes: int = 0, label_cutoff: dt.datetime | None = None, days: DaySplits | None = None):
+                 cache_bytes: int = 0, label_cutoff: dt.datetime | None = None, days: DaySplits | None = None,
+                 leaves=None):
         self.config, self.root, self.stats, self.split = config, Path(root), stats, split
+        self.leaves = leaves  # a LeafForest: every row also gets its leaf ids (lattice.trees.leaves)
         # labels as known at this instant (lattice.data.label_time); None: the final labels
         self.label_cutoff = label_cutoff
         self.days = days  # a windowed run: date -> split (lattice.data.window)
@@ -338,7 +347,7 @@ class ExampleStream(IterableDataset):
         self._cached_bytes += size
 
     def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
-        enc = RowEncoder(self.config, self.stats, self.with_truth)
+        enc = RowEncoder(self.config, self.stats, self.with_truth, leaves=self.leaves)
         teacher: list[pd.DataFrame | None] = []  # read on the first unit that is not cached
         rng = np.random.default_rng([self.seed, self.epoch, 7919, (get_worker_info().id if get_worker_info() else 0)])
         pending: list[dict[str, np.ndarray]] = []
@@ -390,9 +399,14 @@ def to_batch(config: PlatformConfig, arrs: dict[str, np.ndarray]) -> Batch:
     zk = {o: sum(1 for k in arrs if k.startswith(f"zmask:{o}:")) for o in objs}
     zl = {o: torch.from_numpy(np.stack([arrs[f"zlabel:{o}:{k}"] for k in range(n)], 1)) for o, n in zk.items() if n}
     zm = {o: torch.from_numpy(np.stack([arrs[f"zmask:{o}:{k}"] for k in range(n)], 1)) for o, n in zk.items() if n}
+    sparse = kjt_from_ids(names, [arrs[f"id:{n}"] for n in names], [arrs[f"has:{n}"] for n in names])
+    if any(k.startswith("leaf:") for k in arrs):  # leaf ids after the features' keys (lattice.trees.leaves)
+        from lattice.trees.leaves import with_leaves
+
+        sparse = with_leaves(sparse, arrs)
     return Batch(
         dense=t(arrs["dense"]),
-        sparse=kjt_from_ids(names, [arrs[f"id:{n}"] for n in names], [arrs[f"has:{n}"] for n in names]),
+        sparse=sparse,
         domain=t(arrs["domain"]),
         labels={o: t(arrs[f"label:{o}"]) for o in objs},
         masks={o: t(arrs[f"mask:{o}"]) for o in objs},
@@ -411,12 +425,13 @@ class BatchLoader:
     def __init__(self, config: PlatformConfig, root: Path, stats: DenseStats, split: Split, batch_size: int | None = None,
                  rank: int = 0, world_size: int = 1, seed: int | None = None, shuffle: bool | None = None,
                  num_workers: int | None = None, teacher_scores: str | Path | None = None, with_truth: bool = False,
-                 cache: bool = False, label_cutoff: dt.datetime | None = None, days: DaySplits | None = None):
+                 cache: bool = False, label_cutoff: dt.datetime | None = None, days: DaySplits | None = None,
+                 leaves=None):
         self.config = config
         self.stream = ExampleStream(
             config, root, stats, split, batch_size or config.training.batch_size, rank, world_size,
             config.training.seed if seed is None else seed, split == "train" if shuffle is None else shuffle,
-            teacher_scores, with_truth, label_cutoff=label_cutoff, days=days,
+            teacher_scores, with_truth, label_cutoff=label_cutoff, days=days, leaves=leaves,
         )
         nw = config.training.num_workers if num_workers is None else num_workers
         self.num_workers = min(nw, len(self.stream.units))
@@ -523,11 +538,12 @@ def fit_dense_stats(config: PlatformConfig, root: Path, days: DaySplits | None =
     return stats
 
 
-def batch_from_frame(config: PlatformConfig, stats: DenseStats, df: pd.DataFrame) -> Batch:
+def batch_from_frame(config: PlatformConfig, stats: DenseStats, df: pd.DataFrame, leaves=None) -> Batch:
     """A pandas frame of example-table rows (e.g. serving requests joined with features) -> Batch.
-    Missing feature columns are treated as absent (empty bags, dense at the train mean)."""
+    Missing feature columns are treated as absent (empty bags, dense at the train mean).
+    `leaves`: the LeafForest of a model that reads leaf ids (its `leaf_forest`)."""
     df = df.copy()
     if "example_id" not in df:
         df["example_id"] = [str(i) for i in range(len(df))]
     tbl = pa.Table.from_pandas(df, preserve_index=False)
-    return to_batch(config, RowEncoder(config, stats).encode(tbl, {}))
+    return to_batch(config, RowEncoder(config, stats, leaves=leaves).encode(tbl, {}))

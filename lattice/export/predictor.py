@@ -43,6 +43,9 @@ class Predictor:
     _encoder: Any = None
     checksum: str = ""
     """sha256 of the artifact folder as loaded (`sha256_path` of the bytes read): what /metadata reports."""
+    leaves: Any = None
+    """The tree fit (lattice.trees.leaves.LeafForest, from trees.json) of a model that reads leaf ids:
+    every request's leaf ids are computed here, by LightGBM, from its raw columns."""
 
     @classmethod
     def load(cls, folder: str | Path, version: Any = None) -> "Predictor":
@@ -68,23 +71,28 @@ class Predictor:
         module = torch.jit.load(io.BytesIO(read("model.pt")), map_location="cpu")  # the bytes that were checked
         module.eval()
         config = PlatformConfig.model_validate(json.loads(read("config.json")))
+        from lattice.trees.leaves import TREES_FILE, LeafForest
+
+        leaves = LeafForest.from_json(read(TREES_FILE)) if TREES_FILE in files else None
+        if meta.get("leaves") and leaves is None:
+            raise FileNotFoundError(f"{art} serves a model that reads tree leaf ids but holds no {TREES_FILE}; export it again")
         del files
         p = cls(module, config, DenseStats.from_json(meta["dense_stats"]), meta, version, art, list(config.objective_names),
-                checksum=checksum)
+                checksum=checksum, leaves=leaves)
         p.warm_up()
         return p
 
     def encode(self, frame: pd.DataFrame):
         from lattice.data.loader import batch_from_frame
 
-        return batch_from_frame(self.config, self.stats, frame)
+        return batch_from_frame(self.config, self.stats, frame, leaves=self.leaves)
 
     def encode_table(self, table: pa.Table):
         """Arrow rows -> Batch with the training encoder (no pandas round trip: the serving path)."""
         from lattice.data.loader import RowEncoder, to_batch
 
         if self._encoder is None:
-            self._encoder = RowEncoder(self.config, self.stats)
+            self._encoder = RowEncoder(self.config, self.stats, leaves=self.leaves)
         return to_batch(self.config, self._encoder.encode(table, {}))
 
     def predict_table(self, table: pa.Table) -> dict[str, np.ndarray]:
@@ -96,7 +104,7 @@ class Predictor:
         from lattice.data.loader import RowEncoder, to_batch
 
         if self._encoder is None:
-            self._encoder = RowEncoder(self.config, self.stats)
+            self._encoder = RowEncoder(self.config, self.stats, leaves=self.leaves)
         arrs = self._encoder.assemble(cols.example_id, cols.domain, cols.sparse, cols.dense, {}, len(cols))
         return self.predict_batch(to_batch(self.config, arrs))
 

@@ -107,10 +107,39 @@ def _modulo_remaps(arch: nn.Module) -> List[nn.Module] | None:
     return out
 
 
+class FusedLeaves(nn.Module):
+    """A `LeafArch` (lattice.models.leaves) as one lookup, as `FusedSparse` does for the features:
+    every forest's table stacked in one weight, each id shifted to its table's first row, one
+    `embedding_bag` over the O x B bags of tree leaves. The collection's own call cost more than
+    the trees at batch 1."""
+
+    def __init__(self, arch: nn.Module):
+        super().__init__()
+        self.keys: List[str] = list(arch.keys)
+        weights = [arch.ebc.embedding_bags[f"t_{k}"].weight.detach() for k in arch.keys]
+        self.n_keys = len(weights)
+        self.weight = nn.Parameter(torch.cat(weights), requires_grad=False)
+        rows = torch.tensor([int(w.shape[0]) for w in weights], dtype=torch.int64)
+        self.register_buffer("starts", torch.cumsum(rows, 0) - rows)
+
+    def forward(self, kjt: KeyedJaggedTensor) -> torch.Tensor:
+        values, lengths = kjt.values(), kjt.lengths()
+        per_key = lengths.view(self.n_keys, -1).sum(1)  # leaf ids of each forest
+        ids = values + torch.repeat_interleave(self.starts, per_key)
+        offsets = torch.cat([torch.zeros(1, dtype=lengths.dtype), torch.cumsum(lengths, 0)])
+        pooled = torch.embedding_bag(self.weight, ids, offsets, False, 0, False, None, True)[0]  # (O*B, D)
+        return pooled.view(self.n_keys, -1, pooled.shape[1]).transpose(0, 1)  # (B, O, D)
+
+
 def fuse_sparse(module: nn.Module) -> None:
-    """Swap every SparseArch made of modulo-remapped single tables for `FusedSparse`."""
+    """Swap every SparseArch made of modulo-remapped single tables for `FusedSparse`, every
+    LeafArch for `FusedLeaves`."""
+    from lattice.models.leaves import LeafArch
+
     for name, child in list(module.named_children()):
-        if isinstance(child, SparseArch):
+        if isinstance(child, LeafArch):
+            setattr(module, name, FusedLeaves(child))
+        elif isinstance(child, SparseArch):
             remaps = _modulo_remaps(child)
             if remaps is not None:
                 setattr(module, name, FusedSparse(child, remaps))

@@ -44,6 +44,13 @@ def export_model(config: PlatformConfig, paths: Paths, model: str = "student", i
     scripted = script(trained.model, int8=int8)
     scripted.save(str(tmp / "model.pt"))
     (tmp / "config.json").write_text(json.dumps(trained.blob["config"], indent=1, default=str))
+    forest = trained.model.leaf_forest
+    if forest is not None:
+        # the tree part: LightGBM beside the TorchScript module computes the leaf ids from the raw
+        # request (lattice.trees.leaves; docs/bench/tree-leaves.md for why not a compiled form)
+        from lattice.trees.leaves import TREES_FILE
+
+        (tmp / TREES_FILE).write_text(forest.to_json())
     meta = {
         "config": trained.config.name, "model": model, "kind": trained.blob["kind"], "n_dense": trained.blob["n_dense"],
         "dense_stats": trained.blob["dense_stats"], "objectives": trained.config.objective_names,
@@ -57,6 +64,8 @@ def export_model(config: PlatformConfig, paths: Paths, model: str = "student", i
         "calibration": _calibration_meta(trained.blob.get("calibration")),
         # parent (warm start), days seen, the day it was judged on (lattice.training.lineage)
         "lineage": trained.blob.get("lineage"),
+        # the tree fit whose leaf ids the model reads, computed by LightGBM in the predictor (trees.json)
+        "leaves": forest.fit if forest is not None else None,
         "embeddings": {f.name: {"hashing": f.hashing, "fits": {str(r): m.get("version") for r, m in
                                                                (trained.blob.get("hashing") or {}).get(f.name, {}).items()}}
                        for f in trained.config.features.sparse},

@@ -29,22 +29,30 @@ def baseline_names(config: PlatformConfig) -> list[str]:
             + (["gbdt"] if b.gbdt else []) + (["gbdt_cell"] if b.gbdt_cell else []))
 
 
+def reads_leaves(config: PlatformConfig, kind: str) -> bool:
+    """Whether model `kind` reads the trees' leaf ids (models.leaves.models; teacher and student only)."""
+    return kind_of(kind) in config.models.leaves.models
+
+
 def build_model(config: PlatformConfig, kind: str, n_dense: int, *, fitted: dict | None = None,
-                fp8_plan: dict | None = None) -> nn.Module:
+                fp8_plan: dict | None = None, leaves: dict | None = None) -> nn.Module:
     """Forward: (dense (B, n_dense), sparse KJT, domain (B,)) -> {objective: logits (B,)}.
     `n_dense` is the width of the dense input (lattice.data.transforms.dense_spec). `fitted`:
     feature -> fitted id map for the hashing schemes that need one (lattice.hashing); `fp8_plan`:
-    the FP8 dispatcher's plan, applied to the GEMM sites it names (lattice.fp8). A saved model is
+    the FP8 dispatcher's plan, applied to the GEMM sites it names (lattice.fp8); `leaves`: the
+    tree fit's LeafForest.spec() for a teacher or student that reads leaf ids. A saved model is
     rebuilt with the ones saved with it (lattice.models.saved.rebuild), never rebuilt by hand."""
     kind = kind_of(kind)
     if kind in GBDT_KINDS:
         raise ValueError(f"{kind!r} is a LightGBM baseline, not a torch module; train it with "
                          "lattice.training.gbdt_stage.train_gbdt (`lattice train CONFIG --model gbdt`)")
     m = config.models
+    if leaves and kind not in ("teacher", "student"):
+        raise ValueError(f"leaf ids feed the teacher and the student only (models.leaves.models), not {kind!r}")
     if kind == "teacher":
-        model = LatticeNet(config, m.teacher, n_dense, fitted=fitted)
+        model = LatticeNet(config, m.teacher, n_dense, fitted=fitted, leaves=leaves)
     elif kind == "student":
-        model = LatticeNet(config, m.student, n_dense, fitted=fitted)
+        model = LatticeNet(config, m.student, n_dense, fitted=fitted, leaves=leaves)
     elif kind == "separate":
         model = SeparateModels(config, m.baselines.size, n_dense, fitted=fitted)
     elif kind == "pooled":

@@ -33,6 +33,9 @@ def model_cost(model: nn.Module, config: PlatformConfig, n_dense: int, batch: in
         c.embedding_dim for e in _ebcs(model) for c in e.embedding_bag_configs())
     names = [f.name for f in config.features.sparse]
     kjt = kjt_from_ids(names, [np.arange(batch, dtype=np.int64) for _ in names], [np.ones(batch, bool) for _ in names])
+    from lattice.models.leaves import add_empty_leaves
+
+    kjt = add_empty_leaves(kjt, model)
     counter = FlopCounterMode(display=False)
     model.eval()
     with torch.no_grad(), counter:

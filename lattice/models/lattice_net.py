@@ -15,6 +15,7 @@ from lattice.data.zipper import head_key
 from lattice.models.chain import apply_chains, chained_logit, chains, conditional_rates
 from lattice.models.gemm import Linear
 from lattice.models.interaction import DomainFM, DomainUntied, WukongLayer, mlp, trunk
+from lattice.models.leaves import LeafArch, split_leaves
 from lattice.models.mods import Mods
 from lattice.models.numeric import NumericEncoder
 from lattice.models.sparse import SparseArch
@@ -58,7 +59,8 @@ class DenseArch(nn.Module):
 
 class LatticeNet(nn.Module):
     def __init__(self, config: PlatformConfig, size: ModelSize, n_dense: int, objectives: list[str] | None = None,
-                 domain_token: bool | None = None, domain_untied: bool | None = None, fitted: dict | None = None):
+                 domain_token: bool | None = None, domain_untied: bool | None = None, fitted: dict | None = None,
+                 leaves: dict | None = None):
         super().__init__()
         self.objectives = list(objectives or config.objective_names)
         d = size.embedding_dim
@@ -67,7 +69,11 @@ class LatticeNet(nn.Module):
         self.dense = DenseArch(n_dense, d, tokens=size.dense_tokens, size=size) if n_dense else None
         use_domain = size.domain_token if domain_token is None else domain_token
         self.domain = nn.Embedding(n_domains, d) if use_domain else None
-        n = self.sparse.num_tokens + (size.dense_tokens if n_dense else 0) + (1 if use_domain else 0)
+        # leaves: LeafForest.spec() of the tree fit whose leaf ids this model reads (lattice.models.leaves)
+        self.leaves = LeafArch(leaves, d) if leaves else None
+        self.n_sparse = self.sparse.num_tokens  # the features' keys come first in the KJT, the forests' after
+        n = (self.sparse.num_tokens + (size.dense_tokens if n_dense else 0) + (1 if use_domain else 0)
+             + (self.leaves.num_tokens if self.leaves is not None else 0))
         context = n  # tokens the heads see: the input tokens and every layer's output (below)
         # domain-weighted pairwise interactions of the input tokens, next to them in the context
         self.domain_fm = DomainFM(n, d, n_domains, size.domain_fm) if size.domain_fm else None
@@ -111,11 +117,16 @@ class LatticeNet(nn.Module):
     def tokens(self, dense: torch.Tensor, sparse: KeyedJaggedTensor, domain: torch.Tensor,
                code: torch.Tensor | None = None) -> torch.Tensor:
         """`code`: the dense columns already encoded (DenseArch.code), when the caller has them."""
+        leaf_kjt = None
+        if self.leaves is not None:
+            sparse, leaf_kjt = split_leaves(sparse, self.n_sparse, self.leaves)
         parts = [self.sparse(sparse)]  # (B, F, D)
         if self.dense is not None:
             parts.append(self.dense(dense) if code is None else self.dense(dense, code))  # (B, T, D)
         if self.domain is not None:
             parts.append(self.domain(domain).unsqueeze(1))  # (B, 1, D)
+        if self.leaves is not None:
+            parts.append(self.leaves(leaf_kjt))  # (B, O, D)
         return torch.cat(parts, dim=1)  # (B, N, D)
 
     def forward(self, dense: torch.Tensor, sparse: KeyedJaggedTensor, domain: torch.Tensor) -> dict[str, torch.Tensor]:

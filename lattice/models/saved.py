@@ -62,8 +62,9 @@ def rebuild(blob: dict, load_weights: bool = True, calibrated: bool = True, conf
     logits are calibrated for every consumer; `calibrated=False` gives the network alone.
     `config`: blob_config(blob), when the caller has it already."""
     config = config or blob_config(blob)
+    forest = leaf_forest(blob)
     model = build_model(config, blob["kind"], int(blob["n_dense"]), fitted=blob.get("hashing") or None,
-                        fp8_plan=blob.get("fp8"))
+                        fp8_plan=blob.get("fp8"), leaves=forest.spec() if forest is not None else None)
     if load_weights:
         model.load_state_dict(blob["state_dict"])
     if calibrated and blob.get("calibration"):
@@ -71,6 +72,15 @@ def rebuild(blob: dict, load_weights: bool = True, calibrated: bool = True, conf
 
         model = Calibrated(model, CellCalibration(blob["calibration"]))
     return model.eval()
+
+
+def leaf_forest(blob: dict):
+    """The tree fit a model reads leaf ids from (lattice.trees.leaves.LeafForest), None for most."""
+    if not blob.get("leaves"):
+        return None
+    from lattice.trees.leaves import LeafForest
+
+    return LeafForest.from_blob(blob["leaves"])
 
 
 def read_blob(model_dir: Path) -> tuple[dict, Path]:
@@ -94,4 +104,8 @@ def load_saved(model_dir: Path) -> Saved:
     model.dense_stats = DenseStats.from_json(blob["dense_stats"])
     model.kind, model.n_dense = blob["kind"], int(blob["n_dense"])
     model.meta = {k: blob[k] for k in META_KEYS if k in blob}
+    # its batches need the leaf ids of its own tree fit: RowEncoder / BatchLoader / batch_from_frame leaves=
+    model.leaf_forest = leaf_forest(blob)
+    if model.leaf_forest is not None:
+        model.meta["leaves"] = model.leaf_forest.fit
     return Saved(model, model.dense_stats, config, blob, path)

@@ -111,6 +111,11 @@ def _features(config: PlatformConfig) -> list[TaskSpec]:
         steps.append(TaskSpec("fit_hashing", "hashing_fit",
                               "Fit the id -> row maps of the vocab / mixed / learned sparse features on the training split.",
                               forward={"spark_master": "master"}, reads=("training_set",), writes=("hashing",)))
+    if config.models.leaves.models:
+        # training a model that reads leaf ids refuses a missing fit: fitted before the features asset
+        steps.append(TaskSpec("fit_trees", "trees_fit",
+                              "Fit the LightGBM boosters whose leaf ids feed the teacher / student (models.leaves) on the training split.",
+                              reads=("training_set",), writes=("trees",)))
     steps.append(TaskSpec("materialize", "materialize", "Load the latest feature values into the online store.",
                           forward=days, outlet="features", reads=("feast_repo",), writes=("online_store",)))
     return [_in(s, "features") for s in steps]
@@ -154,7 +159,7 @@ def _train_teacher(config: PlatformConfig) -> list[TaskSpec]:
         _model_task("train_teacher", "train", "Sharded teacher training under torchrun on the training set.",
                     forward={**TRAINING, "warm_start": "warm_start"}, fixed={"model": "teacher"}, replaces_model="teacher",
                     config_sets=FP8_SET,
-                    reads=("training_set", "hashing"), writes=("model:teacher",)),
+                    reads=("training_set", "hashing", "trees"), writes=("model:teacher",)),
         _model_task("evaluate_teacher", "evaluate", "NE, AUC and calibration per (domain, objective) cell.",
                     fixed={"model": "teacher"}, reads=("model:teacher",)),
         _model_task("register_teacher", "register", "Version the teacher in the model registry.",

@@ -91,6 +91,10 @@ class RunPaths(Paths):
         return self.home.hashing
 
     @property
+    def trees(self) -> Path:
+        return self.home.trees
+
+    @property
     def models(self) -> Path:
         return self.home.models
 

@@ -40,7 +40,7 @@ def _teacher_cells(config: PlatformConfig, folder, window):
     trained = load_trained(folder)
     from lattice.data.loader import batch_from_frame
 
-    batch = batch_from_frame(trained.config, trained.stats, window)
+    batch = batch_from_frame(trained.config, trained.stats, window, leaves=getattr(trained.model, "leaf_forest", None))
     with torch.no_grad():
         probs = {o: torch.sigmoid(v).numpy() for o, v in trained.model(batch.dense, batch.sparse, batch.domain).items()}
     return gate_cells(config, window, probs)
@@ -51,7 +51,7 @@ def _fp32_cells(config: PlatformConfig, folder, window):
     FP8 (the gate's fp8_parity check); None otherwise."""
     from lattice.data.loader import batch_from_frame
     from lattice.data.transforms import DenseStats
-    from lattice.models.saved import blob_config, read_blob, rebuild
+    from lattice.models.saved import blob_config, leaf_forest, read_blob, rebuild
     from lattice.promotion.metrics import gate_cells
 
     blob, _ = read_blob(folder)
@@ -60,7 +60,7 @@ def _fp32_cells(config: PlatformConfig, folder, window):
         return None
     trained_config = blob_config(blob)
     fp32 = rebuild({**blob, "fp8": None}, config=trained_config)
-    batch = batch_from_frame(trained_config, DenseStats.from_json(blob["dense_stats"]), window)
+    batch = batch_from_frame(trained_config, DenseStats.from_json(blob["dense_stats"]), window, leaves=leaf_forest(blob))
     with torch.no_grad():
         probs = {o: torch.sigmoid(v).numpy() for o, v in fp32(batch.dense, batch.sparse, batch.domain).items()}
     return gate_cells(config, window, probs)

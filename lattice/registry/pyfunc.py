@@ -142,6 +142,6 @@ def _load_scorer(folder: Path):
 
     def run(frame: pd.DataFrame) -> dict[str, np.ndarray]:
         with torch.no_grad():
-            return {o: p.numpy() for o, p in predict(saved.model, batch_from_frame(saved.config, saved.stats, frame)).items()}
+            return {o: p.numpy() for o, p in predict(saved.model, batch_from_frame(saved.config, saved.stats, frame, leaves=saved.model.leaf_forest)).items()}
 
     return run, saved.config

@@ -58,7 +58,7 @@ def _scorer(config: PlatformConfig, paths: Paths, model: str):
 
     def run(frame: pd.DataFrame) -> dict[str, np.ndarray]:
         with torch.no_grad():
-            return {o: p.numpy() for o, p in predict(net, batch_from_frame(config, net.dense_stats, frame)).items()}
+            return {o: p.numpy() for o, p in predict(net, batch_from_frame(config, net.dense_stats, frame, leaves=getattr(net, "leaf_forest", None))).items()}
 
     return run, f"trained {model}", None
 

@@ -56,6 +56,8 @@ def tags(lineage: dict | None) -> dict[str, str]:
     if parent:
         out["lattice.lineage.parent_checksum"] = str(parent.get("checksum"))
         out["lattice.lineage.parent"] = str(parent.get("version") or parent.get("path"))
+    if lineage.get("trees"):  # the tree fit whose leaf ids the model reads (models.leaves)
+        out["lattice.lineage.trees"] = f"v{lineage['trees'].get('version')} sha256:{lineage['trees'].get('sha256')}"
     if lineage.get("judged_on"):
         out["lattice.lineage.judged_on"] = str(lineage["judged_on"])
     return out

@@ -93,10 +93,15 @@ def _any_have(batch, world: int) -> bool:
     return bool(flag.item())
 
 
-def _stand_in(config: PlatformConfig, n_dense: int) -> Batch:
+def _stand_in(config: PlatformConfig, n_dense: int, forest=None) -> Batch:
     """A one-row batch with every feature absent: a rank that has run out of evaluation rows still
-    has to join the sharded forward's collectives while the others finish."""
+    has to join the sharded forward's collectives while the others finish. `forest`: the model's
+    LeafForest, whose forests get empty bags too."""
     names = [f.name for f in config.features.sparse]
+    if forest is not None:
+        from lattice.trees.leaves import leaf_key
+
+        names = names + [leaf_key(o) for o in sorted(forest.boosters)]
     z = torch.zeros(1)
     return Batch(dense=torch.zeros(1, n_dense), sparse=kjt_from_ids(names, [np.zeros(1, np.int64)] * len(names), [np.zeros(1, bool)] * len(names)),
                  domain=torch.zeros(1, dtype=torch.int64), labels={o: z for o in config.objective_names},
@@ -141,7 +146,12 @@ class Trainer:
             self.grown = grown_tables(parent_maps, self.fitted)
         else:
             self.fitted = load_fitted(self.config, self.paths)  # feature -> fitted id map (hashing)
-        model = build_model(self.config, self.kind, self.n_dense, fitted=self.fitted)
+        from lattice.trees.leaves import forest_for
+
+        # the tree fit whose leaf ids this model reads (models.leaves), carried into model.pt
+        self.forest = forest_for(self.config, self.paths, self.kind, self.parent_blob)
+        model = build_model(self.config, self.kind, self.n_dense, fitted=self.fitted,
+                            leaves=self.forest.spec() if self.forest is not None else None)
         self.fresh_params: list[str] = []
         if self.parent_blob is not None:
             from lattice.training.warm_start import check_compatible
@@ -222,7 +232,7 @@ class Trainer:
         return BatchLoader(self.config, Path(self.spec.table), self.stats, split, batch_size=per_rank, rank=self.rank,
                            world_size=self.world, seed=self.spec.seed, teacher_scores=self.spec.teacher_scores if split == "train" else None,
                            with_truth=with_truth, cache=split in REREAD_SPLITS, days=self.days,
-                           label_cutoff=self._label_cutoff(split))
+                           label_cutoff=self._label_cutoff(split), leaves=self.forest)
 
     def _label_cutoff(self, split: str):
         """A windowed run learns (train) and stops early (validation) on the labels known when it
@@ -400,7 +410,7 @@ class Trainer:
             if not _any_have(batch, self.world):
                 break
             if batch is None:
-                self.model(*D.to_device(_stand_in(self.config, self.n_dense), self.device).inputs())
+                self.model(*D.to_device(_stand_in(self.config, self.n_dense, self.forest), self.device).inputs())
                 continue
             batch = D.to_device(batch, self.device)
             logits = self.model(batch.dense, batch.sparse, batch.domain)
@@ -455,7 +465,7 @@ class Trainer:
             if not _any_have(batch, self.world):
                 break
             if batch is None:  # keep joining the collectives until every rank has scored all its rows
-                self.model(*D.to_device(_stand_in(self.config, self.n_dense), self.device).inputs())
+                self.model(*D.to_device(_stand_in(self.config, self.n_dense, self.forest), self.device).inputs())
                 continue
             logits = self.model(*D.to_device(batch, self.device).inputs())  # batch itself stays on the CPU
             f = {"example_id": batch.example_ids, "domain": np.array(self.config.domain_names)[batch.domain.numpy()]}
@@ -521,6 +531,12 @@ class Trainer:
                                                            "stop": self.stop_record()}, indent=1))
         return {**out, "macro": {"val_ne": st.best_ne}, "cost": None}
 
+    def _lineage(self) -> dict | None:
+        """The run's lineage, with the identity of the tree fit it read leaf ids from."""
+        if self.forest is None:
+            return self.spec.lineage
+        return {**(self.spec.lineage or {}), "trees": self.forest.fit}
+
     def finish(self) -> dict | None:
         if self.best is not None:
             D.copy_state(self.model.state_dict(), self.best)
@@ -538,7 +554,7 @@ class Trainer:
                           config=self.spec.config, state_dict=full, fitted=self.fitted, fp8_plan=self.fp8.plan,
                           fp8_probe=fp8_probe, calibration=maps,
                           plan=self.plan_json, world_size=self.world, best_epoch=self.state.best_epoch,
-                          lineage=self.spec.lineage)
+                          lineage=self._lineage(), leaves=self.forest.blob() if self.forest is not None else None)
         plain = rebuild(blob)  # what every later stage will load: checks the blob rebuilds
         blob["cost"] = cost = model_cost(plain, self.config, self.n_dense)
         torch.save(blob, self.dir / "model.pt")
@@ -549,9 +565,11 @@ class Trainer:
         preds = self._predictions(test, stage)
         attach_passthrough(self.config, Path(self.spec.table), preds).to_parquet(self.dir / "predictions.parquet", index=False)
         metrics = cell_metrics(self.config, preds)
-        if self.spec.lineage is not None:
-            metrics["lineage"] = self.spec.lineage
-            (self.dir / "lineage.json").write_text(json.dumps(self.spec.lineage, indent=1))
+        if self.forest is not None:
+            metrics["leaves"] = self.forest.fit
+        if self._lineage() is not None:
+            metrics["lineage"] = self._lineage()
+            (self.dir / "lineage.json").write_text(json.dumps(self._lineage(), indent=1))
         metrics.update({"model": self.spec.model, "kind": self.kind, "cost": cost, "best_epoch": self.state.best_epoch,
                         "best_step": self.state.best_step, "global_steps": self.state.global_step,
                         "world_size": self.world, "test_examples": int(len(preds)), "training": self.stop_record()})

@@ -63,6 +63,9 @@ def train(config: PlatformConfig, paths: Paths, model: str = "teacher", nproc: i
 
         return train_gbdt(config, paths, model, seed=seed, progress=progress, end=end or data_end)
     table = find_table(paths)
+    from lattice.trees.leaves import forest_for
+
+    forest_for(config, paths, kind_of(model))  # leaves on and no tree fit: refused before anything moves
     out = paths.model_dir(model)
     out.mkdir(parents=True, exist_ok=True)
     from lattice.data.window import resolve as resolve_window
@@ -110,7 +113,9 @@ def train(config: PlatformConfig, paths: Paths, model: str = "teacher", nproc: i
         from lattice.models import build_model
 
         grown = ws.grown_tables(blob.get("hashing") or {}, maps)
-        plain = build_model(config, kind_of(model), len(DenseStats.load(stats_path).columns), fitted=maps or None)
+        parent_forest = forest_for(config, paths, kind_of(model), blob)
+        plain = build_model(config, kind_of(model), len(DenseStats.load(stats_path).columns), fitted=maps or None,
+                            leaves=parent_forest.spec() if parent_forest is not None else None)
         ws.check_compatible(plain, blob, config, kind_of(model), grown)
         if not node_rank:
             ws.set_aside(parent, out)
@@ -208,7 +213,7 @@ def score(config: PlatformConfig, paths: Paths, model: str, split: str = "all", 
     # a windowed model's splits are its run's days (its lineage), not the table's stored column
     days = DaySplits.from_json(((net.meta or {}).get("lineage") or {}).get("splits"))
     loader = BatchLoader(config, find_table(paths), net.dense_stats, split, shuffle=False, batch_size=8192, num_workers=0,
-                         days=days)
+                         days=days, leaves=getattr(net, "leaf_forest", None))
     frames = []
     for batch in progress_bar(loader, desc=f"score {model} ({split})", unit="batch", enabled=progress):
         probs = predict(net, batch)

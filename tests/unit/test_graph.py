@@ -60,6 +60,12 @@ def test_config_decides_the_optional_steps(demo) -> None:
     assert "synthesize_raw_logs" not in ids
     # the fit runs on the training set and before the features asset is announced
     assert ids.index("training_set") < ids.index("fit_hashing") < ids.index("materialize")
+    assert "fit_trees" not in ids
+    # leaf ids (models.leaves): the trees are fitted on the training set before the features asset
+    m = fitted.models
+    leaves = fitted.model_copy(update={"models": m.model_copy(update={"leaves": m.leaves.model_copy(update={"models": ["teacher"]})})})
+    ids = [s.task_id for s in pipeline(leaves)]
+    assert ids.index("training_set") < ids.index("fit_trees") < ids.index("materialize") < ids.index("train_teacher")
 
 
 def test_select_by_step_and_family(demo) -> None:

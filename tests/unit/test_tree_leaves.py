@@ -87,9 +87,140 @@ def test_leaf_ids_are_lightgbms_own_pred_leaf(fitted) -> None:
         np.testing.assert_array_equal(got, booster.predict(x, pred_leaf=True))
 
 
-def test_leaves_on_is_refused_naming_the_command() -> None:
+def _leaves_on(cfg: PlatformConfig, models: list[str]) -> PlatformConfig:
+    m = cfg.models
+    return cfg.model_copy(update={"models": m.model_copy(update={"leaves": m.leaves.model_copy(update={"models": models})})})
+
+
+def _reference_leaves(cfg: PlatformConfig, paths: Paths) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """LightGBM's own pred_leaf on every row, by example id, built the way the fit built its matrix."""
+    from lattice.data.loader import find_table
+    stats = DenseStats.load(paths.trees / "dense_stats.json")
+    arrs, split = read_rows(cfg, find_table(paths), stats)
+    features = TreeFeatures.fit(cfg, [c.column for c in stats.columns], arrs, split == "train",
+                                cfg.models.baselines.trees.max_categories, with_domain=True)
+    x = features.matrix(arrs)
+    ref = {p.stem: lgb.Booster(model_file=str(p)).predict(x, pred_leaf=True)
+           for p in sorted((paths.trees / "boosters").glob("*.txt"))}
+    return ref, {e: i for i, e in enumerate(arrs["example_id"])}
+
+
+def test_the_training_loader_feeds_lightgbms_own_pred_leaf(fitted) -> None:
+    from lattice.data.loader import BatchLoader, find_table, fit_dense_stats
+    from lattice.trees.leaves import LeafForest, leaf_key
+
+    cfg, paths, manifest, _ = fitted
+    ref, row = _reference_leaves(cfg, paths)
+    forest = LeafForest.load(paths.trees)
+    table = find_table(paths)
+    num_leaves = cfg.models.leaves.num_leaves
+    seen = 0
+    for split in ("train", "test"):
+        for batch in BatchLoader(cfg, table, fit_dense_stats(cfg, table), split, batch_size=300, num_workers=0, leaves=forest):
+            kjt = batch.sparse.to_dict()
+            assert list(batch.sparse.keys())[-len(ref):] == [leaf_key(o) for o in sorted(ref)]
+            idx = np.array([row[e] for e in batch.example_ids])
+            for o, want in ref.items():
+                trees = want.shape[1]
+                ids = kjt[leaf_key(o)].values().numpy().reshape(len(batch), trees)  # one id per tree, every row
+                offset = np.arange(trees) * num_leaves
+                np.testing.assert_array_equal(ids - offset, want[idx])
+            seen += len(batch)
+    assert seen > 1000
+
+
+def test_leaves_on_without_a_fit_is_refused_naming_the_command(tmp_path) -> None:
+    from lattice.training.stages import train
+    from lattice.trees.leaves import NoTreeFit
+
+    cfg = _leaves_on(_config(tmp_path / "raw"), ["teacher"])
+    generate(cfg, 800, tmp_path / "raw", progress=False)
+    paths = Paths.for_config(cfg, tmp_path / "work")
+    write_local_table(cfg, paths)
+    with pytest.raises(NoTreeFit, match="lattice trees fit"):
+        train(cfg, paths, model="teacher", nproc=1, epochs=1, progress=False)
+    assert not paths.model_dir("teacher").exists()
+
+
+def test_a_teacher_with_leaves_trains_carries_its_fit_and_scores_with_it(fitted, tmp_path) -> None:
+    from lattice.data.loader import batch_from_frame
+    from lattice.models.leaves import LeafArch
+    from lattice.models.saved import load_saved
+    from lattice.training.stages import train
+    from lattice.trees.leaves import LeafForest
+
+    cfg, paths, manifest, _ = fitted
+    cfg = _leaves_on(cfg, ["teacher"])
+    train(cfg, paths, model="teacher", nproc=1, epochs=1, progress=False)
+    saved = load_saved(paths.model_dir("teacher"))
+    forest = LeafForest.load(paths.trees)
+    assert saved.model.leaf_forest.fit["sha256"] == forest.fit["sha256"]
+    assert json.loads((paths.model_dir("teacher") / "metrics.json").read_text())["leaves"]["sha256"] == forest.fit["sha256"]
+    from lattice.training.lineage import tags
+    assert saved.blob["lineage"]["trees"]["sha256"] == forest.fit["sha256"]
+    assert forest.fit["sha256"] in tags(saved.blob["lineage"])["lattice.lineage.trees"]
+    arch = [m for m in saved.model.modules() if isinstance(m, LeafArch)]
+    assert len(arch) == 1 and arch[0].num_tokens == len(forest.boosters)
+    # the table is sized from the fit: trees kept by early stopping times leaves per tree
+    for cfg_t in arch[0].ebc.embedding_bag_configs():
+        o = cfg_t.feature_names[0].removeprefix("leaves_")
+        assert cfg_t.num_embeddings == forest.fit["trees"][o] * cfg.models.leaves.num_leaves
+    from lattice.data.loader import find_table
+    import pandas as pd
+    frame = pd.read_parquet(find_table(paths)).head(64)
+    with_leaves = batch_from_frame(saved.config, saved.stats, frame, leaves=saved.model.leaf_forest)
+    out = saved.model(*with_leaves.inputs())
+    assert set(out) == set(cfg.objective_names)
+    with pytest.raises(ValueError, match="leaf ids"):  # a batch built without them is refused, never scored blind
+        saved.model(*batch_from_frame(saved.config, saved.stats, frame).inputs())
+
+
+def test_the_exported_artifact_scores_a_raw_request_as_training_code_does(fitted) -> None:
+    """LightGBM in the predictor, beside the TorchScript module: raw rows in, the same leaf ids and
+    the same probabilities as the training-time model on the training-time batch."""
+    import pandas as pd
+    import pyarrow as pa
+    import torch
+
+    from lattice.data.loader import batch_from_frame, find_table
+    from lattice.export.predictor import Predictor
+    from lattice.export.stages import export_model
+    from lattice.models.saved import load_saved
+    from lattice.training.stages import train
+    from lattice.trees.leaves import TREES_FILE
+
+    cfg, paths, manifest, _ = fitted
+    cfg = _leaves_on(cfg, ["student"])
+    train(cfg, paths, model="student", nproc=1, epochs=1, progress=False)
+    summary = export_model(cfg, paths, "student")
+    art = Path(summary["artifact"])
+    assert (art / TREES_FILE).exists()
+    meta = json.loads((art / "metadata.json").read_text())
+    saved = load_saved(paths.model_dir("student"))
+    assert meta["leaves"]["sha256"] == saved.model.leaf_forest.fit["sha256"]
+    predictor = Predictor.load(art)
+    raw = pd.read_parquet(find_table(paths))
+    raw = raw[raw["split"] == "test"].head(200).reset_index(drop=True)
+    with torch.no_grad():
+        want = {o: torch.sigmoid(v).numpy() for o, v in saved.model(*batch_from_frame(
+            saved.config, saved.stats, raw, leaves=saved.model.leaf_forest).inputs()).items()}
+    # the serving path: one Arrow row per request, only the request's raw columns
+    request_cols = [c for c in raw.columns if not c.startswith(("label_", "mask_", "truth_", "split"))]
+    for i in range(0, 200, 37):
+        got = predictor.predict_table(pa.Table.from_pandas(raw.loc[[i], request_cols], preserve_index=False))
+        for o in want:
+            np.testing.assert_allclose(got[o], want[o][[i]], rtol=0, atol=1e-6)
+    got = predictor.predict_frame(raw[request_cols])  # a batch of 200
+    for o in want:
+        np.testing.assert_allclose(got[o], want[o], rtol=0, atol=1e-6)
+    assert summary["max_abs_diff"] <= 1e-6
+
+
+def test_leaves_feed_the_teacher_and_the_student_only() -> None:
     import yaml
     d = yaml.safe_load((ROOT / "configs" / "demo.yaml").read_text())
-    d.setdefault("models", {})["leaves"] = {"models": ["teacher"]}
-    with pytest.raises(ConfigError, match="lattice trees fit"):
+    d.setdefault("models", {})["leaves"] = {"models": ["teacher", "student"]}
+    assert parse_config(d, "x.yaml").models.leaves.models == ["teacher", "student"]
+    d["models"]["leaves"] = {"models": ["mmoe"]}
+    with pytest.raises(ConfigError, match="leaves"):
         parse_config(d, "x.yaml")

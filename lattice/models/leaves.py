@@ -1,0 +1,66 @@
+"""Leaf arch (issue 38): the fitted trees' leaf ids (lattice.trees.leaves) -> one token per
+objective's forest. Its own EmbeddingBagCollection (the planner shards and the sparse optimizer
+updates it like any table), one table per forest of `trees * num_leaves` rows, SUM-pooled over the
+forest's trees: the bag's sum is the additive form of the booster."""
+
+from __future__ import annotations
+
+from typing import List
+
+import torch
+from torch import nn
+from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, PoolingType
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+KEY_PREFIX = "leaves_"
+
+
+def leaf_key(objective: str) -> str:
+    """The KJT key (and EBC feature) of one objective's forest (lattice.trees.leaves builds it)."""
+    return f"{KEY_PREFIX}{objective}"
+
+
+class LeafArch(nn.Module):
+    """KJT of the forests' keys -> (B, O, D) tokens. `spec`: LeafForest.spec()."""
+
+    def __init__(self, spec: dict, dim: int):
+        super().__init__()
+        trees = spec["trees"]
+        self.keys: List[str] = [leaf_key(o) for o in sorted(trees)]
+        rows = {leaf_key(o): max(1, int(t) * int(spec["num_leaves"])) for o, t in trees.items()}
+        self.ebc = EmbeddingBagCollection(
+            tables=[EmbeddingBagConfig(name=f"t_{k}", embedding_dim=dim, num_embeddings=rows[k], feature_names=[k],
+                                       pooling=PoolingType.SUM) for k in self.keys],
+            device=torch.device("cpu"),
+        )
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.keys)
+
+    def forward(self, kjt: KeyedJaggedTensor) -> torch.Tensor:
+        pooled = self.ebc(kjt).to_dict()  # key -> (B, D)
+        return torch.stack([pooled[k] for k in self.keys], dim=1)  # (B, O, D)
+
+
+def split_leaves(sparse: KeyedJaggedTensor, n_features: int, arch: LeafArch) -> tuple[KeyedJaggedTensor, KeyedJaggedTensor]:
+    """The batch's KJT -> (the features' keys, the forests' keys)."""
+    if isinstance(sparse, KeyedJaggedTensor) and sparse.keys()[n_features:] != arch.keys:  # eager only
+        raise ValueError(f"this model reads leaf ids {arch.keys} after its features, the batch has {sparse.keys()[n_features:]}: "
+                         "build its batches with the model's leaf_forest (RowEncoder / BatchLoader / batch_from_frame leaves=)")
+    parts = sparse.split([n_features, len(arch.keys)])
+    return parts[0], parts[1]
+
+
+def leaf_archs(model: nn.Module) -> list[LeafArch]:
+    return [m for m in model.modules() if isinstance(m, LeafArch)]
+
+
+def add_empty_leaves(kjt: KeyedJaggedTensor, model: nn.Module) -> KeyedJaggedTensor:
+    """`kjt` with an empty bag per row for every forest `model` reads (stand-in and cost batches)."""
+    keys = [k for a in leaf_archs(model) for k in a.keys]
+    if not keys:
+        return kjt
+    b = kjt.stride()
+    return KeyedJaggedTensor(keys=kjt.keys() + keys, values=kjt.values(),
+                             lengths=torch.cat([kjt.lengths(), torch.zeros(b * len(keys), dtype=kjt.lengths().dtype)]))

@@ -1,0 +1,183 @@
+"""Leaf ids of the fitted trees as sparse ids (issue 38): what `lattice trees fit` wrote, loaded
+once and carried by every model that reads leaves (model.pt `leaves`), so a saved model turns a
+raw row into the same leaf ids in training, scoring and the gate, whatever the work folder holds
+later.
+
+The row encoder (lattice.data.loader.RowEncoder) hands `LeafForest.arrays` the raw dense columns
+and ids of a row; the forest rebuilds the boosters' own matrix from them (the dense transform
+with the fit's stats, the fit's sparse encodings, the domain) and asks LightGBM for `pred_leaf`.
+`to_batch` turns each objective's (rows, trees) leaf indices into one KJT key `leaves_<objective>`
+whose bag holds, per tree t, the id `t * num_leaves + leaf`: one feature per forest, not one per
+tree, so the network gets one token per objective (50 trees as 50 tokens would multiply the
+interaction layers' input for no more information), and the SUM-pooled bag of its trees' leaf
+embeddings is the additive form of the booster itself (one embedding column could hold the
+leaf values exactly). Its table has `trees * num_leaves` rows, sized from the fit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import lightgbm as lgb
+import numpy as np
+
+from lattice.data.transforms import DenseStats
+from lattice.models.gbdt import SparseEncoding, TreeFeatures
+from lattice.models.leaves import KEY_PREFIX, leaf_key  # noqa: F401  (the KJT keys of the forests)
+
+TREES_FILE = "trees.json"
+"""The tree fit inside an exported artifact (LeafForest.to_json), next to the TorchScript module."""
+
+
+class NoTreeFit(FileNotFoundError):
+    pass
+
+
+@dataclass
+class LeafForest:
+    """The fitted boosters with what their matrix was built from. `blob()` / `from_blob` carry it
+    inside model.pt."""
+
+    boosters: dict[str, str]  # objective -> LightGBM model text (objectives with a booster only)
+    stats: DenseStats
+    sparse: list[SparseEncoding]
+    with_domain: bool
+    num_leaves: int
+    fit: dict  # identity: version, fitted_at seconds, sha256 of the boosters and encodings
+
+    def __post_init__(self) -> None:
+        self._lgb: dict[str, lgb.Booster] = {}
+        self.features = TreeFeatures([c.column for c in self.stats.columns], self.sparse, self.with_domain)
+
+    # ------------------------------------------------------------ loading
+    @classmethod
+    def load(cls, trees_dir: Path, config_hint: str = "CONFIG") -> "LeafForest":
+        trees_dir = Path(trees_dir)
+        manifest_file = trees_dir / "manifest.json"
+        if not manifest_file.exists():
+            raise NoTreeFit(f"models.leaves is on but no tree fit is at {trees_dir}; fit it first with "
+                            f"`lattice trees fit {config_hint}` (after `lattice features`)")
+        manifest = json.loads(manifest_file.read_text())
+        boosters = {p.stem: p.read_text() for p in sorted((trees_dir / "boosters").glob("*.txt"))}
+        if not boosters:
+            raise NoTreeFit(f"the tree fit at {trees_dir} has no booster (every objective was constant on train); "
+                            "turn models.leaves off or refit with more rows")
+        enc = np.load(trees_dir / "encodings.npz")
+        sparse = [SparseEncoding(name, d["encoding"], enc[f"ids__{name}"].astype(np.int64), enc[f"counts__{name}"].astype(np.int64))
+                  for name, d in manifest["features"]["sparse"].items()]
+        stats = DenseStats.load(trees_dir / "dense_stats.json")
+        digest = hashlib.sha256()
+        for o, text in boosters.items():
+            digest.update(o.encode() + b"\0" + text.encode())
+        digest.update((trees_dir / "encodings.npz").read_bytes())
+        digest.update((trees_dir / "dense_stats.json").read_bytes())
+        fit = {"version": manifest["version"], "sha256": digest.hexdigest(), "path": str(trees_dir),
+               "trees": {o: _num_trees(t) for o, t in boosters.items()}, "num_leaves": int(manifest["num_leaves"]),
+               "fit_rows": manifest.get("fit_rows")}
+        return cls(boosters, stats, sparse, "domain" in manifest["features"]["names"], int(manifest["num_leaves"]), fit)
+
+    def blob(self) -> dict:
+        """What model.pt keeps (a few hundred KB for 50 trees of 31 leaves per objective)."""
+        return {"boosters": self.boosters, "dense_stats": self.stats.to_json(), "with_domain": self.with_domain,
+                "num_leaves": self.num_leaves, "fit": self.fit,
+                "sparse": [{"name": e.name, "kind": e.kind, "ids": e.ids, "counts": e.counts} for e in self.sparse]}
+
+    @classmethod
+    def from_blob(cls, d: dict) -> "LeafForest":
+        sparse = [SparseEncoding(e["name"], e["kind"], np.asarray(e["ids"], np.int64), np.asarray(e["counts"], np.int64))
+                  for e in d["sparse"]]
+        return cls(dict(d["boosters"]), DenseStats.from_json(d["dense_stats"]), sparse, bool(d["with_domain"]),
+                   int(d["num_leaves"]), dict(d["fit"]))
+
+    def to_json(self) -> str:
+        """The fit as text (the artifact's trees.json: no pickle in what serving loads)."""
+        d = self.blob()
+        d["sparse"] = [{**e, "ids": e["ids"].tolist(), "counts": e["counts"].tolist()} for e in d["sparse"]]
+        return json.dumps(d)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> "LeafForest":
+        return cls.from_blob(json.loads(text))
+
+    def spec(self) -> dict:
+        """What the model builder needs: objective -> trees, and leaves per tree."""
+        return {"trees": dict(self.fit["trees"]), "num_leaves": self.num_leaves}
+
+    # ------------------------------------------------------------ scoring
+    def booster(self, objective: str) -> lgb.Booster:
+        if objective not in self._lgb:
+            self._lgb[objective] = lgb.Booster(model_str=self.boosters[objective])
+        return self._lgb[objective]
+
+    def __getstate__(self) -> dict:  # worker processes load their own boosters
+        state = dict(self.__dict__)
+        state["_lgb"] = {}
+        return state
+
+    def matrix(self, dense_raw: dict[str, np.ndarray], ids: dict[str, tuple[np.ndarray, np.ndarray]],
+               domain: np.ndarray, n: int) -> np.ndarray:
+        """The boosters' (n, features) matrix from raw columns: `dense_raw` column -> raw values
+        (nulls 0, as RowEncoder reads them), `ids` feature name -> (int64 ids, present)."""
+        arrs: dict[str, np.ndarray] = {"dense": self.stats.apply(dense_raw, n), "domain": domain}
+        for e in self.sparse:
+            arrs[f"id:{e.name}"], arrs[f"has:{e.name}"] = ids.get(e.name, (np.zeros(n, np.int64), np.zeros(n, bool)))
+        return self.features.matrix(arrs)
+
+    def leaves(self, x: np.ndarray) -> dict[str, np.ndarray]:
+        """objective -> (n, trees) int64 leaf index (LightGBM pred_leaf)."""
+        # one thread: a request is a few rows, and OpenMP threads spinning beside torch's on shared
+        # cores put the single-row p99 at 100+ ms (bench/bench_tree_leaves.py --latency-only)
+        return {o: np.asarray(self.booster(o).predict(x, pred_leaf=True, num_threads=1), dtype=np.int64).reshape(len(x), -1)
+                for o in self.boosters}
+
+    def arrays(self, dense_raw: dict[str, np.ndarray], ids: dict[str, tuple[np.ndarray, np.ndarray]],
+               domain: np.ndarray, n: int) -> dict[str, np.ndarray]:
+        """RowEncoder arrays `leaf:<objective>`, (n, trees) int64: the id of tree t's leaf in the
+        forest's table, `t * num_leaves + leaf`."""
+        out = {}
+        for o, v in self.leaves(self.matrix(dense_raw, ids, domain, n)).items():
+            out[f"leaf:{o}"] = np.arange(v.shape[1], dtype=np.int64)[None, :] * self.num_leaves + v
+        return out
+
+
+def _num_trees(model_text: str) -> int:
+    return sum(1 for line in model_text.splitlines() if line.startswith("Tree="))
+
+
+def leaf_values(arrs: dict[str, np.ndarray]) -> list[tuple[str, np.ndarray, np.ndarray]]:
+    """(KJT key, values, lengths) per forest in `arrs` (sorted by objective): every row a bag of
+    one id per tree, row-major."""
+    out = []
+    for k in sorted(k for k in arrs if k.startswith("leaf:")):
+        leaves = arrs[k]  # (n, T)
+        out.append((leaf_key(k.split(":", 1)[1]), leaves.reshape(-1), np.full(leaves.shape[0], leaves.shape[1], np.int32)))
+    return out
+
+
+def with_leaves(kjt, arrs: dict[str, np.ndarray]):
+    """The features' KJT with one more key per forest in `arrs` (after the features' keys)."""
+    import torch
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    forests = leaf_values(arrs)
+    return KeyedJaggedTensor(
+        keys=kjt.keys() + [k for k, _, _ in forests],
+        values=torch.cat([kjt.values()] + [torch.from_numpy(v if v.flags.writeable else v.copy()) for _, v, _ in forests]),
+        lengths=torch.cat([kjt.lengths()] + [torch.from_numpy(ls) for _, _, ls in forests]),
+    )
+
+
+def forest_for(config, paths, kind: str, parent_blob: dict | None = None) -> LeafForest | None:
+    """The tree fit model `kind` reads (None when models.leaves leaves it out): a warm start keeps
+    its parent's (the leaf ids its tables learned), else the work folder's `lattice trees fit`.
+    No fit: NoTreeFit naming the command."""
+    from lattice.models.build import reads_leaves
+
+    if not reads_leaves(config, kind):
+        return None
+    if parent_blob is not None and parent_blob.get("leaves"):
+        return LeafForest.from_blob(parent_blob["leaves"])
+    return LeafForest.load(paths.trees, config_hint=f"<config of {config.name!r}> --workdir {paths.workdir}")
