@@ -77,7 +77,8 @@ def build_config(args, seed: int, shock: bool, base: Path):
         "time_range": cfg.time_range.model_copy(update={"end": start + dt.timedelta(days=args.days)}),
         "synthetic": cfg.synthetic.model_copy(update={
             "days": args.days, "seed": seed, "market": market.model_copy(update={"shock": sh})}),
-        "training": cfg.training.model_copy(update={"window": args.window, "epochs": args.epochs, "nproc": 1}),
+        "training": cfg.training.model_copy(update={"window": args.window, "epochs": args.epochs, "nproc": 1,
+                                                    "label_delay": args.label_delay}),
         "monitoring": cfg.monitoring.model_copy(update={"rules": [
             CalibrationRule(kind="calibration", low=args.cal_low, high=args.cal_high,
                             min_positives=args.min_positives, periods=args.periods)]}),
@@ -472,6 +473,9 @@ def main() -> None:
     ap.add_argument("--window", default="4d")
     ap.add_argument("--first", type=int, default=8, help="first judged day (1-based): the first window's model is judged the day before")
     ap.add_argument("--epochs", type=int, default=1)
+    ap.add_argument("--label-delay", default="naive", choices=["naive", "mask"],
+                    help="training.label_delay; mask needs a window longer than the 7d attribution window (else no "
+                         "conversion label of a train day is known at the cutoff and the conversion heads never train)")
     ap.add_argument("--shock-day", type=int, default=12, help="0-based day the shock starts (the market's shock.day)")
     ap.add_argument("--seed", type=int, default=7, help="draws the backfilled days")
     ap.add_argument("--market-seed", type=int, default=42)
