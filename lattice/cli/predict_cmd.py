@@ -16,7 +16,7 @@ def _predict(args: argparse.Namespace) -> int:
     config, paths = config_and_paths(args)
     try:
         out = predict_file(config, paths, args.input, args.output, args.model, args.source,
-                           log_predictions=False if args.no_log else None)
+                           log_predictions=False if args.no_log else None, logged_at=args.logged_at)
     except (InputError, LookupError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -36,6 +36,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--source", default=None, help="the config source whose mapping the input follows (default: the one that fits)")
     p.add_argument("--no-log", action="store_true",
                    help="do not append the scores to <workdir>/prediction_log (default: monitoring.prediction_log.enabled)")
+    p.add_argument("--logged-at", default=None,
+                   help="time the prediction log records the scores at (UTC, e.g. 2026-01-05T12:00): replaying a past "
+                        "day's traffic, so that the monitor's periods are that day's (default: now)")
     p.add_argument("--workdir", default=None, help="work directory (default: the config's)")
     add_set_argument(p)
     p.set_defaults(func=_predict)

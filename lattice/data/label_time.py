@@ -90,6 +90,18 @@ def mask_at_cutoff(df: pd.DataFrame, cutoff: dt.datetime | None, config: Platfor
     return out
 
 
+def never_known_in_window(config: PlatformConfig, train_days: list[str], cutoff: dt.datetime | None) -> list[str]:
+    """Objectives that no train day's impression can be labelled for at `cutoff` under
+    `label_delay: mask`: every train day is younger than the attribution window, so every label is
+    masked and the objective's heads train on none (a window shorter than the attribution window
+    plus a day, or a warm start on the newest days only without replay)."""
+    if cutoff is None or not train_days or config.training.label_delay != "mask":
+        return []
+    oldest = dt.datetime.combine(min(dt.date.fromisoformat(d) for d in train_days), dt.time(), tzinfo=dt.timezone.utc)
+    c = cutoff if cutoff.tzinfo else cutoff.replace(tzinfo=dt.timezone.utc)
+    return [o for o in delayed_objectives(config) if oldest + attribution_window(config, o) > c]
+
+
 def delayed_objectives(config: PlatformConfig) -> list[str]:
     """Objectives a cutoff changes (those with an attribution window)."""
     return [o for o in config.objective_names if attribution_window(config, o) is not None]

@@ -68,10 +68,24 @@ def read_labels(config: PlatformConfig, consolidated: Path, request_ids: list[st
         return pd.DataFrame()
     objs = config.objective_names
     passthrough = S.passthrough_columns(config)
-    want = ["example_id", "domain", *passthrough] + [S.label_column(o) for o in objs] + [S.mask_column(o) for o in objs]
+    from lattice.data.label_time import columns_needed
+
+    want = (["example_id", "domain", *passthrough] + [S.label_column(o) for o in objs] + [S.mask_column(o) for o in objs]
+            + columns_needed(config))
     cols = [c for c in want if c in data.schema.names]
     flt = ds.field("example_id").isin(request_ids) if request_ids is not None and not passthrough else None
     return data.to_table(columns=cols, filter=flt).to_pandas()
+
+
+def labels_known_at(config: PlatformConfig, labels: pd.DataFrame, as_of) -> pd.DataFrame:
+    """The labels as known at `as_of` (the monitor's end, or now): the consolidated table keeps each
+    label as it finally is, so an impression whose attribution window is still open at `as_of` is
+    masked (not a negative, and not a positive either: `training.label_delay: mask`'s rule)."""
+    from lattice.data.label_time import delayed_objectives, mask_at_cutoff
+
+    if labels.empty or not delayed_objectives(config) or "event_timestamp" not in labels:
+        return labels
+    return mask_at_cutoff(labels, utc(as_of).to_pydatetime(), config, mode="mask")
 
 
 def join_labels(config: PlatformConfig, log: pd.DataFrame, labels: pd.DataFrame) -> pd.DataFrame:

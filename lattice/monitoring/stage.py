@@ -32,7 +32,7 @@ from lattice.data import schema as S
 from lattice.monitoring import cells as C
 from lattice.monitoring import report as R
 from lattice.monitoring import rules as rules_mod
-from lattice.monitoring.join import join_labels, read_labels, read_log
+from lattice.monitoring.join import join_labels, labels_known_at, read_labels, read_log, utc
 from lattice.monitoring.records import monitor_summary
 from lattice.paths import Paths
 
@@ -117,11 +117,14 @@ def monitor(config: PlatformConfig, paths: Paths, start: str | dt.datetime | Non
     mon = config.monitoring
 
     logged = read_log(paths.workdir, start, end)
+    # labels count as known at the run's end (a past day re-monitored sees what was known then)
+    as_of = pd.Timestamp(end) if end is not None else pd.Timestamp.now(tz="UTC")
     if not logged.empty:
         logged = C.add_period(logged, period)
     if not logged.empty:
         ids = logged["request_id"].dropna().astype(str).unique().tolist()
-        joined = join_labels(config, logged, read_labels(config, paths.consolidated, ids))
+        labels = labels_known_at(config, read_labels(config, paths.consolidated, ids), as_of)
+        joined = join_labels(config, logged, labels)
     else:
         joined = logged
     first = logged["period_start"].min() if not logged.empty else None
@@ -143,6 +146,7 @@ def monitor(config: PlatformConfig, paths: Paths, start: str | dt.datetime | Non
     summary: dict[str, Any] = {
         "stage": "monitor", "config": config.name, "period": period,
         "start": None if start is None else str(start), "end": None if end is None else str(end),
+        "labels_as_of": str(utc(as_of)),
         "rows": {"logged": int(len(logged)), "joined": int(joined["joined"].sum()) if len(joined) else 0,
                  "pending": int((~joined["joined"]).sum()) if len(joined) else 0},
         "cells": _records(cells), "drift": _records(drift),

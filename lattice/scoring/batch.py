@@ -72,11 +72,12 @@ def _write(frame: pd.DataFrame, path: Path) -> None:
 
 
 def _log_predictions(config: PlatformConfig, paths: Paths, frame: pd.DataFrame, probs: dict[str, np.ndarray],
-                     unknown: list[list[str]], version: int | None) -> int:
+                     unknown: list[list[str]], version: int | None, logged_at: float | None = None) -> int:
     """The scored rows into the prediction log, in serving's schema (origin `batch`)."""
     from lattice.monitoring.records import LogSchema, frame_batch, log_dir, write_partitioned
 
-    table = frame_batch(LogSchema(config, features=config.monitoring.prediction_log.features), frame, probs, unknown, version)
+    table = frame_batch(LogSchema(config, features=config.monitoring.prediction_log.features), frame, probs, unknown, version,
+                        logged_at=logged_at)
     write_partitioned(table, log_dir(paths.workdir))
     return table.num_rows
 
@@ -108,9 +109,12 @@ def score_rows(config: PlatformConfig, paths: Paths, good: pd.DataFrame, score, 
 
 
 def predict_file(config: PlatformConfig, paths: Paths, input: str, output: str, model: str = "champion",
-                 source: str | None = None, batch_rows: int = 65_536, log_predictions: bool | None = None) -> dict:
+                 source: str | None = None, batch_rows: int = 65_536, log_predictions: bool | None = None,
+                 logged_at: str | None = None) -> dict:
     """`log_predictions`: append the scores to the prediction log (default: the config's
-    `monitoring.prediction_log.enabled`)."""
+    `monitoring.prediction_log.enabled`). `logged_at`: the time the log records them as scored
+    (UTC; a naive time is read as UTC; default now): a replay of a past day's traffic, whose
+    monitor periods must be that day's and not the replay's."""
     from pipelines.score_input import parse_input
 
     t0 = time.perf_counter()
@@ -120,7 +124,11 @@ def predict_file(config: PlatformConfig, paths: Paths, input: str, output: str, 
     logged = 0
     if (config.monitoring.prediction_log.enabled if log_predictions is None else log_predictions) and len(frame):
         probs = {o: out[f"p_{o}"].to_numpy() for o in config.objective_names}
-        logged = _log_predictions(config, paths, frame, probs, unknown, version)
+        when = None
+        if logged_at is not None:
+            ts = pd.Timestamp(logged_at)
+            when = (ts.tz_localize("UTC") if ts.tz is None else ts).timestamp()
+        logged = _log_predictions(config, paths, frame, probs, unknown, version, logged_at=when)
     out_path = Path(output)
     _write(out, out_path)
     q_path = out_path.with_name(out_path.stem + "_quarantine.parquet")

@@ -85,6 +85,18 @@ def train(config: PlatformConfig, paths: Paths, model: str = "teacher", nproc: i
                          f"{window.train[0]}..{window.train[-1]} and training.replay is 0; move the interval end "
                          "(`end`) past the parent's days, set training.replay, or warm_start: none")
     run_lineage = lineage.build(mode, parent.to_json() if parent else None, window, days)
+    unlabelled: list[str] = []
+    if days is not None:
+        from lattice.data.label_time import never_known_in_window
+
+        train_days = [d for d, sp in days.days.items() if sp == "train"] + list(days.replay)
+        unlabelled = never_known_in_window(config, train_days, days.cutoff())
+        if unlabelled:
+            logging.getLogger(__name__).warning(
+                "%s: no train day's %s label is known at the cutoff %s (attribution window longer than the age of every "
+                "train day, label_delay: mask): those heads train on no label; widen training.window past the "
+                "attribution window, set training.replay (warm starts), or use Zipper heads", model,
+                ", ".join(unlabelled), days.cutoff())
     if teacher_scores is not None and not Path(teacher_scores).exists():
         raise FileNotFoundError(f"teacher scores {teacher_scores} do not exist; make them with "
                                 f"lattice.training.stages.score(config, paths, 'teacher')")
@@ -155,6 +167,8 @@ def train(config: PlatformConfig, paths: Paths, model: str = "teacher", nproc: i
             return {"interrupted": True, "model": model}
     summary = json.loads((out / "summary.json").read_text())
     summary["lineage"] = run_lineage
+    if unlabelled:
+        summary["unlabelled_objectives"] = unlabelled
     # the parent was needed while the run could fail or resume; its checksum is in the lineage,
     # and a registered copy of this folder should not carry a second model
     if (out / "model.pt").exists():  # (a `lattice tune` trial writes none: its parent stays the model)

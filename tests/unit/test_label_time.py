@@ -225,3 +225,20 @@ def test_zipper_head_labels_wait_for_their_window() -> None:
     assert at3[1][1].sum() == 0  # the 7-day window is still open
     at8 = head_labels(df, "conversion", T0 + dt.timedelta(days=8), windows, [0.5, 0.5])
     assert (at8[1][1] == (k == 1)).all() and (at8[1][0] == (k == 1)).all()  # positive within 7 days
+
+
+def test_a_window_younger_than_the_attribution_window_leaves_an_objective_unlabelled():
+    """label_delay mask: a train day counts for conversion (7d) only once 7 days have passed by the
+    cutoff; a 4-day window (or a warm start on yesterday alone) has none, naive always has some."""
+    import datetime as dt
+
+    from lattice.config import load_config
+    from lattice.data.label_time import never_known_in_window
+
+    cfg = load_config(ROOT / "bench" / "configs" / "demo_market.yaml")
+    cut = dt.datetime(2026, 1, 10)
+    assert never_known_in_window(cfg, ["2026-01-06", "2026-01-07", "2026-01-08"], cut) == ["conversion"]
+    assert never_known_in_window(cfg, ["2026-01-03", "2026-01-08"], cut) == []  # closed at the cutoff exactly
+    assert never_known_in_window(cfg, ["2026-01-04"], cut) == ["conversion"]
+    naive = cfg.model_copy(update={"training": cfg.training.model_copy(update={"label_delay": "naive"})})
+    assert never_known_in_window(naive, ["2026-01-08"], cut) == []

@@ -117,3 +117,27 @@ def test_stage_trips_a_calibration_rule_and_reports_drift(config, tmp_path):
     # run again on the same data: the same finding is not reported twice
     again = monitor(cfg, Paths(workdir=tmp_path, data_root=tmp_path), mlflow=False)
     assert again["tripped"] == [] and again["suppressed"] == 1
+
+
+def test_an_open_attribution_window_is_masked_at_the_monitors_end(tmp_path):
+    """The consolidated table keeps the final labels (a conversion logged days later included): at
+    the monitor's end an impression whose 7-day window is still open is neither a negative nor a
+    positive; once the window has closed its final label counts."""
+    cfg = load_config(ROOT / "bench" / "configs" / "demo_market.yaml")
+    _log(cfg, tmp_path, ["a", "b", "c"], "feed", [0.5, 0.5, 0.5], DAY1)
+    at = pd.Timestamp(DAY1, unit="s", tz="UTC")
+    rows = [dict(_ex(e, 1), label_conversion=conv, event_timestamp=at,
+                 known_conversion=at + pd.Timedelta(days=3) if conv else pd.NaT) for e, conv in (("a", 1), ("b", 0), ("c", 0))]
+    _examples(tmp_path, rows)
+    paths = Paths(workdir=tmp_path, data_root=tmp_path)
+
+    def conversion(end: str) -> dict:
+        out = monitor(cfg, paths, end=end, mlflow=False)
+        return next(c for c in out["cells"] if c["objective"] == "conversion")
+
+    early = conversion("2026-01-07")  # two days on: every window open
+    assert early["count"] == 0 and early["positives"] == 0
+    late = conversion("2026-01-13")  # 7 days after 13:00 on the 5th have passed
+    assert late["count"] == 3 and late["positives"] == 1
+    click = next(c for c in monitor(cfg, paths, end="2026-01-07", mlflow=False)["cells"] if c["objective"] == "click")
+    assert click["count"] == 3  # no attribution window: known at once

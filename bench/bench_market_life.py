@@ -1,0 +1,543 @@
+"""A simulated market lived day by day (issues 34 and 35): retraining, backfill, monitoring.
+
+The moving demo market (`bench/configs/demo_market.yaml`: new ids every day, click drift, a shock
+to one domain's clicks on `--shock-day`, 30% of conversions logged 1-7 days late with their own
+time, date-partitioned raw logs), tiny model sizes (`lattice.training.tiny`), run forward in time
+through the stage functions the DAGs' tasks call (`lattice.stages.run_stage`: features, train,
+distill with export and registration, promote, predict, monitor), one process.
+
+The first days (before anything is trained, judged or served) may run in one features run over
+their interval (`--warmup-in-one-run`; tests/integration/test_pipeline_demo.py: the same tables).
+
+(A) issue 34. Every day t from `--first` on, after day t's features run: (a) the teacher
+    warm-started from yesterday's (`warm_start: last`) and (b) a from-scratch teacher on the
+    trailing `--window`, both with the window ending before day t (validation t-1, test t), then
+    the student distilled from (a) (warm-started from the last student), exported, registered and
+    gated on day t; the promoted student's next-day NE is the gate's (challenger when promoted,
+    else the champion it kept). Per day and cell: next-day NE of (a), (b), (c); means over the
+    judged days: (a)/(b) per cell, examples processed (a)/(b), student/teacher.
+(B) backfill idempotence. After the forward run, 3 days drawn with `--seed` are re-run through
+    the features stage; the consolidated partitions, aggregates, training-set days (file rows,
+    order-free hashes) and the online store's values for every entity are compared before and
+    after, and every run's rows reconcile (raw rows in = consolidated + quarantined).
+(C) issue 35 (separate serving workdir `serve/`, sharing the tables of (A)'s run by symlink):
+    a champion trained once on the first window is served; every day its impressions are scored
+    with `lattice predict` (the same prediction-log schema as `lattice serve`; recorded as served
+    at that simulated day, `logged_at`), then, after the day's features run, `lattice monitor`
+    runs with the day's labels joined. A tripped rule starts a warm-start retrain (train, distill,
+    promote) as the `retrain` asset would. Reports the day the shocked cell is flagged, its
+    calibration on the days after the retrain and the trips on shock-free days (before the shock;
+    `--no-shock --market-seed N --parts C` lives a shock-free market for the false-alarm count).
+
+    nice -n 10 .venv/bin/python bench/bench_market_life.py --days 21 --rows-per-day 5000 --warmup-in-one-run --parts A,B,C
+
+Prints tables (markdown) and asserts nothing; `--json` writes every figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import hashlib
+import json
+import logging
+import os
+import platform
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+CELLS = ["feed/click", "feed/conversion", "search/click", "search/conversion", "video/click"]
+
+
+@contextlib.contextmanager
+def quiet():
+    """The stages' own prints (plans, notes) off the bench's tables."""
+    with open(os.devnull, "w") as null, contextlib.redirect_stdout(null):
+        yield
+
+
+def build_config(args, seed: int, shock: bool, base: Path):
+    from lattice.config import load_config
+    from lattice.config.monitoring import CalibrationRule
+    from lattice.training.tiny import tiny
+
+    cfg = load_config(ROOT / "bench" / "configs" / "demo_market.yaml")
+    start = cfg.time_range.start
+    cfg = tiny(cfg, data_root=str(base / "raw"), batch_size=256)
+    market = cfg.synthetic.market
+    sh = market.shock.model_copy(update={"day": args.shock_day}) if shock and market.shock else None
+    cfg = cfg.model_copy(update={
+        "time_range": cfg.time_range.model_copy(update={"end": start + dt.timedelta(days=args.days)}),
+        "synthetic": cfg.synthetic.model_copy(update={
+            "days": args.days, "seed": seed, "market": market.model_copy(update={"shock": sh})}),
+        "training": cfg.training.model_copy(update={"window": args.window, "epochs": args.epochs, "nproc": 1,
+                                                    "label_delay": args.label_delay}),
+        "monitoring": cfg.monitoring.model_copy(update={"rules": [
+            CalibrationRule(kind="calibration", low=args.cal_low, high=args.cal_high,
+                            min_positives=args.min_positives, periods=args.periods)]}),
+    })
+    return cfg
+
+
+def day(cfg, k: int) -> dt.date:
+    """Day k (0-based) of the market."""
+    return cfg.time_range.start + dt.timedelta(days=k)
+
+
+def cells_of(metrics: dict) -> dict[str, float]:
+    from lattice.registry.stages import per_cell
+
+    return {c: float(m["ne"]) for c, m in per_cell(metrics).items()}
+
+
+class Life:
+    """One market's workdir and its forward run."""
+
+    def __init__(self, args, cfg, base: Path):
+        from lattice.paths import Paths
+
+        self.args, self.cfg, self.base = args, cfg, base
+        self.paths = Paths.for_config(cfg, base / "work")
+        self.feature_runs: dict[str, dict] = {}
+
+    def synth(self) -> dict:
+        from lattice.stages import run_stage
+
+        with quiet():
+            return run_stage("synth", self.cfg, self.paths, rows=self.args.days * self.args.rows_per_day, progress=False)
+
+    def features(self, k: int, until: int | None = None) -> dict:
+        """Day k's features run (days k .. until-1 in one run over their interval with `until`)."""
+        from lattice.stages import run_stage
+
+        t = time.perf_counter()
+        with quiet():
+            s = run_stage("features", self.cfg, self.paths, start=str(day(self.cfg, k)), end=str(day(self.cfg, until or k + 1)))
+        s["wall"] = time.perf_counter() - t
+        name = str(day(self.cfg, k)) if until is None else f"{day(self.cfg, k)}..{day(self.cfg, until - 1)}"
+        self.feature_runs.setdefault(name, []).append(s)
+        return s
+
+
+# ---------------------------------------------------------------- (A) retraining every day
+
+
+def train_round(cfg, paths, end: str, first: bool, scratch: bool) -> dict:
+    """One day's teacher chain: warm teacher (or the first window's), from-scratch teacher, student
+    distilled, exported and registered, then the next-day gate."""
+    from lattice.stages import run_stage
+
+    out: dict = {"end": end}
+    t = time.perf_counter()
+    with quiet():
+        s = run_stage("train", cfg, paths, model="teacher", end=end, warm_start="none" if first else "last", progress=False)
+    m = json.loads((paths.model_dir("teacher") / "metrics.json").read_text())
+    out["warm"] = {"cells": cells_of(m), "macro": m["macro"]["ne"], "examples": sum(e["examples"] for e in s["history"]),
+                   "trained": s["lineage"]["trained_days"], "seconds": time.perf_counter() - t}
+    run_stage("evaluate", cfg, paths, model="teacher")
+    if scratch:
+        t = time.perf_counter()
+        with quiet():
+            s = run_stage("train", cfg, paths, model="teacher@scratch", end=end, warm_start="none", progress=False)
+        m = json.loads((paths.model_dir("teacher@scratch") / "metrics.json").read_text())
+        out["scratch"] = {"cells": cells_of(m), "macro": m["macro"]["ne"],
+                          "examples": sum(e["examples"] for e in s["history"]), "seconds": time.perf_counter() - t}
+    t = time.perf_counter()
+    with quiet():
+        d = run_stage("distill", cfg, paths, end=end, progress=False, register=True, export=True)
+    m = json.loads((paths.model_dir("student") / "metrics.json").read_text())
+    out["student"] = {"cells": cells_of(m), "macro": m["macro"]["ne"], "seconds": time.perf_counter() - t,
+                      "version": d["student"]["version"]}
+    t = time.perf_counter()
+    g = run_stage("promote", cfg, paths)
+    ms = g["measurements"]
+    take = "challenger" if g["passed"] else "champion"
+    out["gate"] = {"passed": g["passed"], "judged_on": g.get("judged_on"), "champion_after": g["champion_after"],
+                   "failed": [r["message"] for r in g["reasons"] if not r["passed"]],
+                   "promoted_cells": {c: ms.get(f"{take}.{c.replace('/', '.')}.ne") for c in CELLS},
+                   "seconds": time.perf_counter() - t}
+    return out
+
+
+def part_a(life: Life, report: dict) -> None:
+    args, cfg, paths = life.args, life.cfg, life.paths
+    rounds: dict[str, dict] = {}
+    walls: dict[str, float] = {}
+    print(f"\n## (A) retraining every day: window {args.window}, first judged day {args.first}\n")
+    print("| test day | features s | warm macro NE | scratch macro NE | student macro NE | gate | warm ex | scratch ex | warm trained | train s (warm/scratch/student+gate) |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    warm = max(0, args.first - 2) if args.warmup_in_one_run else 0
+    if warm:
+        f = life.features(0, warm)
+        print(f"| {day(cfg, 0)} .. {day(cfg, warm - 1)} (days 1-{warm}, one run over their interval) | {f['wall']:.0f} | | | | features only | | | | |", flush=True)
+    for k in range(warm, args.days):
+        if args.serve_hook:
+            args.serve_hook(k, "before_features")
+        f = life.features(k)
+        date = str(day(cfg, k))
+        walls[date] = f["wall"]
+        if args.serve_hook:
+            args.serve_hook(k, "after_features")
+        t1 = k + 1  # 1-based day
+        if t1 < args.first - 1:
+            print(f"| {date} (day {t1}) | {f['wall']:.0f} | | | | features only | | | | |", flush=True)
+            continue
+        first = t1 == args.first - 1
+        r = train_round(cfg, paths, end=date, first=first, scratch=not first)
+        rounds[date] = r
+        g = r["gate"]
+        sc = r.get("scratch")
+        print(f"| {date} (day {t1}) | {f['wall']:.0f} | {r['warm']['macro']:.4f} | {sc['macro'] if sc else float('nan'):.4f} | "
+              f"{r['student']['macro']:.4f} | {'promoted v' + str(g['champion_after']) if g['passed'] else 'kept v' + str(g['champion_after'])} | "
+              f"{r['warm']['examples']:,} | {sc['examples'] if sc else 0:,} | {','.join(d[5:] for d in r['warm']['trained'])} | "
+              f"{r['warm']['seconds']:.0f}/{sc['seconds'] if sc else 0:.0f}/{r['student']['seconds'] + g['seconds']:.0f} |", flush=True)
+        if g["failed"]:
+            print(f"|   gate: {'; '.join(g['failed'])[:300]} |")
+    report["A"] = {"rounds": rounds, "features_wall": walls}
+    judged = [r for d, r in rounds.items() if "scratch" in r]
+    print(f"\n### next-day NE per cell, means over the {len(judged)} judged days ({min(d for d, r in rounds.items() if 'scratch' in r)} .. {max(rounds)})\n")
+    print("| cell | warm (a) | scratch (b) | (a)/(b) | goal <= 1.002 | student | promoted (c) | student/teacher | goal <= 1.01 | (a) better on |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    summary = {}
+    for c in CELLS:
+        a = [r["warm"]["cells"][c] for r in judged]
+        b = [r["scratch"]["cells"][c] for r in judged]
+        s = [r["student"]["cells"][c] for r in judged]
+        p = [r["gate"]["promoted_cells"][c] for r in judged if r["gate"]["promoted_cells"].get(c) is not None]
+        ma, mb, msd = sum(a) / len(a), sum(b) / len(b), sum(s) / len(s)
+        mp = sum(p) / len(p) if p else float("nan")
+        better = sum(x < y for x, y in zip(a, b))
+        summary[c] = {"warm": ma, "scratch": mb, "ratio": ma / mb, "student": msd, "promoted": mp, "student_over_teacher": msd / ma}
+        print(f"| {c} | {ma:.4f} | {mb:.4f} | {ma / mb:.4f} | {'yes' if ma / mb <= 1.002 else 'no'} | {msd:.4f} | {mp:.4f} | "
+              f"{msd / ma:.4f} | {'yes' if msd / ma <= 1.01 else 'no'} | {better}/{len(a)} |")
+    ea = sum(r["warm"]["examples"] for r in judged)
+    eb = sum(r["scratch"]["examples"] for r in judged)
+    sa = sum(r["warm"]["seconds"] for r in judged)
+    sb = sum(r["scratch"]["seconds"] for r in judged)
+    print(f"\nexamples processed: warm {ea:,} / scratch {eb:,} = {ea / eb:.3f} (goal <= 0.333); train seconds {sa:.0f} / {sb:.0f}")
+    promoted = sum(r["gate"]["passed"] for r in judged)
+    print(f"students promoted: {promoted}/{len(judged)} judged days")
+    report["A"]["summary"] = {"cells": summary, "examples_warm": ea, "examples_scratch": eb, "promoted": promoted,
+                              "judged_days": len(judged)}
+
+
+# ---------------------------------------------------------------- (B) backfill idempotence
+
+
+def _table_digest(folder: Path) -> dict[str, tuple[int, str]]:
+    """Per partition folder: (rows, hash of its rows sorted), independent of file names and order."""
+    import pyarrow.parquet as pq
+
+    out: dict[str, tuple[int, str]] = {}
+    if not folder.exists():
+        return out
+    parts: dict[Path, list[Path]] = {}
+    for f in sorted(folder.rglob("*.parquet")):
+        if any(p.startswith(".") or p.startswith("_") for p in f.relative_to(folder).parts):
+            continue
+        parts.setdefault(f.parent, []).append(f)
+    for part, files in sorted(parts.items()):
+        frames = [pq.read_table(f).to_pandas() for f in files]
+        import pandas as pd
+
+        df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+        if df.empty:
+            out[str(part.relative_to(folder))] = (0, "")
+            continue
+        df = df[sorted(df.columns)]
+        rows = sorted(hashlib.sha1(r.encode()).hexdigest() for r in df.astype(str).agg("\x1f".join, axis=1))
+        out[str(part.relative_to(folder))] = (len(df), hashlib.sha1("".join(rows).encode()).hexdigest())
+    return out
+
+
+def _online_digest(cfg, paths) -> tuple[int, str]:
+    """Every entity's online aggregate values, read as `lattice predict` and serving read them."""
+    import numpy as np
+    import pyarrow.dataset as ds
+    from lattice.scoring.batch import _online_aggregates
+
+    cons = ds.dataset(str(paths.consolidated), format="parquet", partitioning="hive",
+                      exclude_invalid_files=True).to_table(columns=["user_id", "ad_id"]).to_pandas()
+    rows = cons.drop_duplicates().sort_values(["user_id", "ad_id"]).reset_index(drop=True)
+    values, unknown = _online_aggregates(cfg, paths, rows)
+    h = hashlib.sha1()
+    for k in sorted(values):
+        h.update(k.encode())
+        h.update(np.round(np.asarray(values[k], np.float64), 9).tobytes())
+    h.update(repr(unknown).encode())
+    return len(rows), h.hexdigest()
+
+
+def part_b(life: Life, report: dict) -> None:
+    args, cfg, paths = life.args, life.cfg, life.paths
+    rng = random.Random(args.seed)
+    chosen = sorted(rng.sample(range(args.days), 3))
+    tables = {"consolidated": paths.consolidated, "quarantine": paths.quarantine, "aggregates": paths.aggregates,
+              "training_set": paths.training_set}
+    before = {k: _table_digest(v) for k, v in tables.items()}
+    online_before = _online_digest(cfg, paths)
+    print(f"\n## (B) backfill: days {', '.join(str(day(cfg, k)) for k in chosen)} re-run (seed {args.seed})\n")
+    reruns = {}
+    for k in chosen:
+        reruns[str(day(cfg, k))] = life.features(k)["wall"]
+    after = {k: _table_digest(v) for k, v in tables.items()}
+    online_after = _online_digest(cfg, paths)
+    print("| table | partitions | rows | identical partitions | differing |")
+    print("|---|---|---|---|---|")
+    result = {}
+    for k in tables:
+        b, a = before[k], after[k]
+        same = sum(1 for p in set(b) | set(a) if b.get(p) == a.get(p))
+        diff = sorted(p for p in set(b) | set(a) if b.get(p) != a.get(p))
+        rows = sum(r for r, _ in a.values())
+        result[k] = {"partitions": len(a), "rows": rows, "identical": same, "differing": diff}
+        print(f"| {k} | {len(a)} | {rows:,} | {same}/{len(set(b) | set(a))} | {', '.join(diff[:4]) or '-'} |")
+    print(f"| online store (every entity of the consolidated table) | | {online_after[0]:,} | "
+          f"{'identical' if online_before == online_after else 'DIFFERENT'} | |")
+    print("\n| day | raw rows read | consolidated | quarantined | in = out + quarantined |")
+    print("|---|---|---|---|---|")
+    recon = {}
+    for date, runs in sorted(life.feature_runs.items()):
+        for i, s in enumerate(runs):
+            raw = s.get("raw_rows_read")
+            tot = s["stages"]["consolidate"]["totals"]
+            good, bad = tot.get("rows_out"), tot.get("quarantined", 0)
+            ok = raw is not None and good is not None and raw == good + bad + tot.get("skipped", 0) and tot.get("balanced", True)
+            recon.setdefault(date, []).append({"raw": raw, "out": good, "quarantined": bad, "ok": ok, "totals": tot})
+            mark = " (re-run)" if i else ""
+            print(f"| {date}{mark} | {raw} | {good} | {bad} | {'yes' if ok else 'NO'} |")
+    report["B"] = {"days": [str(day(cfg, k)) for k in chosen], "tables": result,
+                   "online_identical": online_before == online_after, "online_rows": online_after[0],
+                   "reconcile": recon}
+
+
+# ---------------------------------------------------------------- (C) serving, monitoring, triggered retraining
+
+TABLES = ("consolidated", "quarantine", "aggregates", "training_set", "feast", "validation")
+
+
+class Serving:
+    """(C): a served champion in its own workdir (models, registry, prediction log, monitoring)
+    over the forward run's tables (symlinked), retrained only when a monitoring rule trips."""
+
+    def __init__(self, life: Life, report: dict, name: str = "C"):
+        from lattice.paths import Paths
+
+        self.life, self.cfg, self.args, self.name = life, life.cfg, life.args, name
+        self.paths = Paths(workdir=(life.base / "serve").resolve(), data_root=life.paths.data_root)
+        self.paths.workdir.mkdir(parents=True, exist_ok=True)
+        for t in TABLES:
+            (self.paths.workdir / t).symlink_to(life.paths.workdir / t, target_is_directory=True)
+        self.report = report.setdefault(name, {"days": {}, "retrains": []})
+        self.served = False
+        self.broken: str | None = None
+        self.retrain_on: int | None = None  # the day (0-based) whose features run starts the triggered retrain
+        self.version: int | None = None
+
+    def hook(self, k: int, when: str) -> None:
+        if self.broken:
+            return
+        try:
+            if when == "before_features":
+                self.score(k)
+            else:
+                self.after(k)
+        except Exception as exc:  # noqa: BLE001 - (A) goes on; (C) says where it stopped
+            import traceback
+
+            traceback.print_exc()
+            self.broken = f"day {day(self.cfg, k)} {when}: {type(exc).__name__}: {exc}"
+            self.report["broken"] = self.broken
+            print(f"[{self.name}] stopped: {self.broken}", flush=True)
+
+    def score(self, k: int) -> None:
+        """Day k's impressions through the champion before day k's features run (the online store
+        holds day k-1's aggregates then, as it would while day k is served)."""
+        from lattice.stages import run_stage
+
+        if not self.served:
+            return
+        date = str(day(self.cfg, k))
+        out = self.paths.workdir / "scored"
+        n = 0
+        t = time.perf_counter()
+        for src in self.cfg.sources:
+            folder = self.paths.data_root / src.domain / f"date={date}"
+            if not folder.exists():
+                continue
+            with quiet():
+                r = run_stage("predict", self.cfg, self.paths, input=str(folder), output=str(out / f"{date}-{src.domain}.parquet"),
+                              model="champion", source=src.name, logged_at=f"{date}T12:00")
+            n += r["logged"]
+        self.report["days"].setdefault(date, {})["scored"] = {"rows": n, "version": self.version,
+                                                              "seconds": round(time.perf_counter() - t, 1)}
+
+    def after(self, k: int) -> None:
+        from lattice.stages import run_stage
+
+        args, cfg = self.args, self.cfg
+        date = str(day(cfg, k))
+        if k == args.first - 2:  # the first window's champion (test day k)
+            r = train_round(cfg, self.paths, end=date, first=True, scratch=False)
+            self.served = r["gate"]["passed"]
+            self.version = r["gate"]["champion_after"]
+            self.report["retrains"].append({"after_day": date, "why": "first window", **r["gate"]})
+            print(f"[{self.name}] first champion v{self.version} (gate {'passed' if self.served else 'FAILED: ' + '; '.join(r['gate']['failed'])})", flush=True)
+            return
+        rec = self.report["days"].setdefault(date, {})
+        if self.served and "scored" in rec:
+            t = time.perf_counter()
+            m = run_stage("monitor", cfg, self.paths, end=str(day(cfg, k + 1)), lookback_days=7, period="day", mlflow=False)
+            cells = {f"{c['domain']}/{c['objective']}": c for c in m["cells"]
+                     if c["period"] == date and c["model_version"] == rec["scored"]["version"]}
+            rec["calibration"] = {c: v.get("calibration") for c, v in cells.items()}
+            rec["positives"] = {c: v.get("positives") for c, v in cells.items()}
+            rec["tripped"] = [{"cell": f"{x.get('domain')}/{x.get('objective')}", "rule": x.get("kind", x.get("rule")),
+                               "reason": x.get("reason")} for x in m["tripped"]]
+            rec["needs_person"] = [f"{x.get('domain')}/{x.get('objective')}" for x in m["needs_person"]]
+            rec["monitor_seconds"] = round(time.perf_counter() - t, 1)
+            shock = cfg.synthetic.market.shock
+            tag = f"{shock.domain}/click" if shock and shock.domain else None
+            cal = " ".join(f"{c}={v:.3f}" if v == v and v is not None else f"{c}=-" for c, v in sorted(rec["calibration"].items()))
+            print(f"[{self.name}] {date} v{rec['scored']['version']}: {cal}; tripped {[t['cell'] for t in rec['tripped']]}"
+                  f"{'; needs a person ' + str(rec['needs_person']) if rec['needs_person'] else ''}", flush=True)
+            if rec["tripped"] and self.retrain_on is None:
+                self.retrain_on = k + 1
+                rec["retrain_started"] = True
+        if self.retrain_on == k:
+            # the retrain asset's chain: warm teacher on the days since the champion's, student, next-day gate on day k
+            r = train_round(cfg, self.paths, end=date, first=False, scratch=False)
+            self.retrain_on = None
+            if r["gate"]["passed"]:
+                self.version = r["gate"]["champion_after"]
+            self.report["retrains"].append({"after_day": date, "why": "rule tripped", "trained": r["warm"]["trained"], **r["gate"]})
+            print(f"[{self.name}] retrain after {date}: trained {r['warm']['trained']}, gate "
+                  f"{'promoted v' + str(self.version) if r['gate']['passed'] else 'rejected: ' + '; '.join(r['gate']['failed'])}",
+                  flush=True)
+
+    def summarize(self) -> dict:
+        cfg, args = self.cfg, self.args
+        shock = cfg.synthetic.market.shock
+        days = self.report["days"]
+        s_date = str(day(cfg, shock.day)) if shock else None
+        trips = [(d, t["cell"]) for d, r in sorted(days.items()) for t in r.get("tripped", [])]
+        false = [(d, c) for d, c in trips if s_date is None or d < s_date]
+        out: dict = {"trips": trips, "false_alarms": false,
+                     "shock_free_days": sum(1 for d, r in days.items() if "calibration" in r and (s_date is None or d < s_date))}
+        print(f"\n### ({self.name}) served market, seed {cfg.synthetic.seed}, shock {shock}\n")
+        cols = sorted({c for r in days.values() for c in r.get("calibration", {})})
+        print("| day | served by | " + " | ".join(cols) + " | tripped | needs a person |")
+        print("|---|---|" + "---|" * len(cols) + "---|---|")
+        for d, r in sorted(days.items()):
+            if "calibration" not in r:
+                continue
+            cal = " | ".join(f"{r['calibration'].get(c):.3f}" if r["calibration"].get(c) is not None else "-" for c in cols)
+            mark = " (shock)" if s_date and d == s_date else ""
+            print(f"| {d}{mark} | v{r['scored']['version']} | {cal} | {', '.join(t['cell'] for t in r['tripped']) or '-'} | "
+                  f"{', '.join(r['needs_person']) or '-'} |")
+        if shock and shock.domain:
+            cell = f"{shock.domain}/click"
+            flagged = next((d for d, c in trips if c == cell and d >= s_date), None)
+            out["shocked_cell"] = cell
+            out["flagged_on"] = flagged
+            out["flag_delay_days"] = (dt.date.fromisoformat(flagged) - dt.date.fromisoformat(s_date)).days if flagged else None
+            retrain = next((r for r in self.report["retrains"] if r["why"] == "rule tripped" and flagged and r["after_day"] > flagged), None)
+            back = None
+            if retrain and retrain["passed"]:
+                after = [(d, r["calibration"].get(cell)) for d, r in sorted(days.items())
+                         if "calibration" in r and d > retrain["after_day"] and r["scored"]["version"] == retrain["champion_after"]]
+                out["after_retrain"] = after
+                back = next((d for d, v in after if v is not None and 0.95 <= v <= 1.05), None)
+            out["retrain"] = retrain
+            out["back_in_bounds_on"] = back
+            print(f"\nshock on {s_date} ({cell}): flagged on {flagged} ({out['flag_delay_days']} day(s) after the shock day; its click "
+                  f"labels are consolidated by that day's features run); retrain: "
+                  f"{(retrain['after_day'] + ', trained ' + ','.join(retrain['trained']) + (', promoted v' + str(retrain['champion_after']) if retrain['passed'] else ', rejected')) if retrain else 'none'}; "
+                  f"calibration back in [0.95, 1.05] on: {back}")
+        print(f"false alarms (trips before the shock / on a shock-free market): {len(false)} over {out['shock_free_days']} monitored shock-free days {false or ''}")
+        self.report["summary"] = out
+        return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--days", type=int, default=21)
+    ap.add_argument("--rows-per-day", type=int, default=5000)
+    ap.add_argument("--window", default="4d")
+    ap.add_argument("--first", type=int, default=8, help="first judged day (1-based): the first window's model is judged the day before")
+    ap.add_argument("--epochs", type=int, default=1)
+    ap.add_argument("--label-delay", default="naive", choices=["naive", "mask"],
+                    help="training.label_delay; mask needs a window longer than the 7d attribution window (else no "
+                         "conversion label of a train day is known at the cutoff and the conversion heads never train)")
+    ap.add_argument("--shock-day", type=int, default=12, help="0-based day the shock starts (the market's shock.day)")
+    ap.add_argument("--seed", type=int, default=7, help="draws the backfilled days")
+    ap.add_argument("--market-seed", type=int, default=42)
+    ap.add_argument("--no-shock", action="store_true", help="a market without the shock ((C)'s false alarms: run with --parts C)")
+    ap.add_argument("--parts", default="A,B,C")
+    ap.add_argument("--cal-low", type=float, default=0.9)
+    ap.add_argument("--cal-high", type=float, default=1.1)
+    ap.add_argument("--min-positives", type=int, default=100)
+    ap.add_argument("--periods", type=int, default=1)
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--warmup-in-one-run", action="store_true",
+                    help="days 1..first-2 (before anything is trained, judged or served) in one features run over their interval")
+    args = ap.parse_args()
+    os.environ.setdefault("LATTICE_SPARK_MEMORY", "2g")
+    logging.getLogger().setLevel(logging.WARNING)
+    parts = set(args.parts.split(","))
+    args.serve_hook = None
+    report: dict = {"args": {k: v for k, v in vars(args).items() if k != "serve_hook"}}
+    base = Path(tempfile.mkdtemp(prefix="bench-market-life-"))
+    cfg = build_config(args, args.market_seed, not args.no_shock, base)
+    life = Life(args, cfg, base)
+    t0 = time.perf_counter()
+    m = life.synth()
+    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; demo market "
+          f"{args.days * args.rows_per_day:,} rows over {args.days} days ({args.rows_per_day:,}/day), seed {args.market_seed}; "
+          f"shock: {cfg.synthetic.market.shock}; tiny model sizes; {args.epochs} epoch(s); workdir {base}")
+    report["market"] = {k: m.get(k) for k in ("rows", "rows_per_domain", "label_sums")}
+    serve = None
+    if "C" in parts:
+        serve = Serving(life, report)
+        args.serve_hook = serve.hook
+    if "A" in parts:
+        part_a(life, report)
+    else:
+        for k in range(args.days):
+            if args.serve_hook:
+                args.serve_hook(k, "before_features")
+            life.features(k)
+            if args.serve_hook:
+                args.serve_hook(k, "after_features")
+    print(f"\nforward run: {time.perf_counter() - t0:.0f} s", flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=1, default=str))
+    if serve is not None:
+        try:
+            serve.summarize()
+        except Exception as exc:  # noqa: BLE001 - the figures above stay printed; say what broke
+            print(f"(C) summary failed: {type(exc).__name__}: {exc}")
+    if "B" in parts:
+        t = time.perf_counter()
+        try:
+            part_b(life, report)
+        except Exception as exc:  # noqa: BLE001
+            import traceback
+
+            traceback.print_exc()
+            print(f"(B) failed: {type(exc).__name__}: {exc}")
+        print(f"\nbackfill: {time.perf_counter() - t:.0f} s")
+    print(f"\ntotal: {time.perf_counter() - t0:.0f} s")
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()
