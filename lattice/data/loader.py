@@ -32,6 +32,7 @@ from lattice.data.split import Split, split_mask
 from lattice.data.transforms import DenseStats, StatsAccumulator, dense_spec
 from lattice.data.window import DaySplits, row_dates
 from lattice.data.zipper import zipper_heads_arrow
+from lattice.models.leaves import with_leaves
 from lattice.paths import Paths
 
 
@@ -401,8 +402,6 @@ def to_batch(config: PlatformConfig, arrs: dict[str, np.ndarray]) -> Batch:
     zm = {o: torch.from_numpy(np.stack([arrs[f"zmask:{o}:{k}"] for k in range(n)], 1)) for o, n in zk.items() if n}
     sparse = kjt_from_ids(names, [arrs[f"id:{n}"] for n in names], [arrs[f"has:{n}"] for n in names])
     if any(k.startswith("leaf:") for k in arrs):  # leaf ids after the features' keys (lattice.trees.leaves)
-        from lattice.trees.leaves import with_leaves
-
         sparse = with_leaves(sparse, arrs)
     return Batch(
         dense=t(arrs["dense"]),

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import List
 
+import numpy as np
 import torch
 from torch import nn
 from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, PoolingType
@@ -64,3 +65,23 @@ def add_empty_leaves(kjt: KeyedJaggedTensor, model: nn.Module) -> KeyedJaggedTen
     b = kjt.stride()
     return KeyedJaggedTensor(keys=kjt.keys() + keys, values=kjt.values(),
                              lengths=torch.cat([kjt.lengths(), torch.zeros(b * len(keys), dtype=kjt.lengths().dtype)]))
+
+
+def leaf_values(arrs: dict[str, np.ndarray]) -> list[tuple[str, np.ndarray, np.ndarray]]:
+    """(KJT key, values, lengths) per forest in `arrs` (sorted by objective): every row a bag of
+    one id per tree, row-major."""
+    out = []
+    for k in sorted(k for k in arrs if k.startswith("leaf:")):
+        leaves = arrs[k]  # (n, T)
+        out.append((leaf_key(k.split(":", 1)[1]), leaves.reshape(-1), np.full(leaves.shape[0], leaves.shape[1], np.int32)))
+    return out
+
+
+def with_leaves(kjt, arrs: dict[str, np.ndarray]):
+    """The features' KJT with one more key per forest in `arrs` (after the features' keys)."""
+    forests = leaf_values(arrs)
+    return KeyedJaggedTensor(
+        keys=kjt.keys() + [k for k, _, _ in forests],
+        values=torch.cat([kjt.values()] + [torch.from_numpy(v if v.flags.writeable else v.copy()) for _, v, _ in forests]),
+        lengths=torch.cat([kjt.lengths()] + [torch.from_numpy(ls) for _, _, ls in forests]),
+    )

@@ -147,29 +147,6 @@ def _num_trees(model_text: str) -> int:
     return sum(1 for line in model_text.splitlines() if line.startswith("Tree="))
 
 
-def leaf_values(arrs: dict[str, np.ndarray]) -> list[tuple[str, np.ndarray, np.ndarray]]:
-    """(KJT key, values, lengths) per forest in `arrs` (sorted by objective): every row a bag of
-    one id per tree, row-major."""
-    out = []
-    for k in sorted(k for k in arrs if k.startswith("leaf:")):
-        leaves = arrs[k]  # (n, T)
-        out.append((leaf_key(k.split(":", 1)[1]), leaves.reshape(-1), np.full(leaves.shape[0], leaves.shape[1], np.int32)))
-    return out
-
-
-def with_leaves(kjt, arrs: dict[str, np.ndarray]):
-    """The features' KJT with one more key per forest in `arrs` (after the features' keys)."""
-    import torch
-    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
-
-    forests = leaf_values(arrs)
-    return KeyedJaggedTensor(
-        keys=kjt.keys() + [k for k, _, _ in forests],
-        values=torch.cat([kjt.values()] + [torch.from_numpy(v if v.flags.writeable else v.copy()) for _, v, _ in forests]),
-        lengths=torch.cat([kjt.lengths()] + [torch.from_numpy(ls) for _, _, ls in forests]),
-    )
-
-
 def forest_for(config, paths, kind: str, parent_blob: dict | None = None) -> LeafForest | None:
     """The tree fit model `kind` reads (None when models.leaves leaves it out): a warm start keeps
     its parent's (the leaf ids its tables learned), else the work folder's `lattice trees fit`.
