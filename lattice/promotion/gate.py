@@ -7,7 +7,8 @@ Rules (thresholds from `config.promotion`):
     cell is too small to tell: with P positives the count of positives itself varies by about
     sqrt(P) from window to window, so a well calibrated model scores 1 ± 2/sqrt(P) (±16% at 150
     positives). The check fails only when the confidence interval of the calibration (at
-    `calibration_confidence`) lies wholly outside the bounds;
+    `calibration_confidence`) lies wholly outside the bounds, and the champion is not further
+    from 1 on the same rows (after a shock both are off; the nearer one should serve);
   - the student's macro NE <= its teacher's * (1 + ε);
   - the exported artifact predicts like the training model (max |Δp| within tolerance),
     its single-request p99 latency and its size are within budget;
@@ -160,8 +161,22 @@ def _cell_checks(p: Promotion, inputs: GateInputs) -> list[Reason]:
         if not inside:
             shown += (f"; {100 * p.calibration_confidence:g}% interval [{c_lo:.3f}, {c_hi:.3f}] over "
                       f"{m.positives} positives" + (": within noise" if ok else ": outside the bounds"))
+            if not ok and _closer_to_one(m, champ):
+                # the bound keeps a miscalibrated model from replacing a good one; when the served
+                # model is further off on the same rows (a shocked market, a drifted champion),
+                # rejecting the challenger keeps the worse calibration in service
+                ok = True
+                shown += f", but closer to 1 than the champion's {champ.calibration:.3f} on the same rows"
         out.append(Reason("calibration", ok, shown + ")", name, m.calibration, lo if m.calibration < lo else hi))
     return out
+
+
+def _closer_to_one(m: CellMetrics, champ: CellMetrics | None) -> bool:
+    """The challenger's calibration is nearer 1 than the champion's, in ratio (0.5 and 2 are as
+    far off), on the same rows."""
+    if champ is None or not (m.calibration > 0 and champ.calibration > 0):
+        return False
+    return abs(math.log(m.calibration)) < abs(math.log(champ.calibration))
 
 
 def _fp8_checks(inputs: GateInputs, tolerance: float) -> list[Reason]:

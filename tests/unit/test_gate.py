@@ -61,6 +61,20 @@ def test_calibration_out_of_bounds_rejects(config, cal):
     assert [r.check for r in d.failed] == ["calibration"] and d.failed_cells == ["feed/click"]
 
 
+@pytest.mark.parametrize("cal, champ_cal, passed", [(0.65, 0.55, True), (1.5, 1.8, True), (0.7, 1.5, True),
+                                                     (0.65, 1.0, False), (0.55, 0.65, False), (1.8, 0.6, False)])
+def test_calibration_out_of_bounds_passes_only_when_the_champion_is_further_off(config, cal, champ_cal, passed):
+    """After a shock the served model is off too: a challenger nearer 1 (in ratio) on the same rows
+    replaces it; one that is further off, or a good champion, keeps the rejection."""
+    challenger, champion = _cells(config), _cells(config)
+    challenger[("search", "click")] = CellMetrics(ne=0.8, auc=0.7, calibration=cal)
+    champion[("search", "click")] = CellMetrics(ne=0.8, auc=0.7, calibration=champ_cal)
+    d = decide(config.promotion, _inputs(config, challenger, champion))
+    assert d.passed is passed, [r.message for r in d.reasons if r.cell == "search/click"]
+    msg = next(r.message for r in d.reasons if r.check == "calibration" and r.cell == "search/click")
+    assert ("closer to 1 than the champion" in msg) is passed
+
+
 def test_first_model_uses_floors(config):
     assert decide(config.promotion, _inputs(config, _cells(config, ne=0.9, auc=0.7), None)).passed
     # 5,000 positives a cell: an AUC of 0.5 is surely below the 0.55 floor (its interval is ±0.01)
