@@ -776,7 +776,8 @@ class Promotion(Strict):
     max_ne_regression: float = Field(default=0.005, ge=0)
     """δ: a challenger cell's NE may exceed the champion's by at most this (relative)."""
     calibration: tuple[float, float] = (0.8, 1.25)
-    """Bounds on each cell's calibration (sum of predictions / sum of labels)."""
+    """Bounds on each cell's calibration (sum of predictions / sum of labels). A challenger cell
+    outside them still passes when the champion's calibration is further from 1 on the same rows."""
     calibration_confidence: float = Field(default=0.95, ge=0, lt=1)
     """A cell fails the calibration bounds (or the first model's AUC floor) only when this
     two-sided confidence interval of its calibration (or AUC) lies wholly outside them: small
