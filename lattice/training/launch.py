@@ -20,6 +20,7 @@ import json
 import logging
 import re
 import shlex
+import signal
 import socket
 import subprocess
 import sys
@@ -35,7 +36,6 @@ from lattice.relay import ENV, _kill_tree, _pump, is_terminal
 # (a killed peer closes its sockets, so gloo fails them within seconds) before they are killed
 NODE_GRACE_S = 30.0
 
-_SIGTERM = 15
 _ROOT = re.compile(r"rank\s*:\s*(\d+) \(local_rank: (\d+)\)\s*\n\s*exitcode\s*:\s*(-?\d+)")
 
 
@@ -165,18 +165,19 @@ def rank_errors(folder: Path, node: int) -> list[RankError]:
 def failure_from(tail: list[str], node: int | None = None) -> Failure | None:
     """The root-cause rank of torchrun's failure summary in `tail` (its stderr's last lines)."""
     found = [Failure(int(m[1]), int(m[2]), int(m[3]), node) for m in _ROOT.finditer("\n".join(tail))]
-    if not found:
-        return None
-    # torchrun SIGTERMs the survivors once one rank dies, and may then call a survivor the root
-    # cause; a rank killed by any other signal (an OOM kill, a SIGKILL) is the one that died first
-    outside = [f for f in found if f.exitcode < 0 and f.exitcode != -_SIGTERM]
-    return outside[0] if outside else found[-1]
+    return next((f for f in found if _killed_from_outside(f)), found[-1]) if found else None
+
+
+def _killed_from_outside(f: Failure) -> bool:
+    """Killed by a signal torchrun does not send: it SIGTERMs the survivors once one rank dies,
+    and may then list a survivor as the root cause; an OOM kill or a SIGKILL died first."""
+    return f.exitcode < 0 and -f.exitcode != signal.SIGTERM
 
 
 def pick(failures: list[Failure]) -> Failure | None:
     """The rank that died first in spirit: one killed by a signal over one that failed because a
     peer vanished (which exits with 1 from the broken collective)."""
-    return next((f for f in failures if f.exitcode < 0 and f.exitcode != -_SIGTERM),
+    return next((f for f in failures if _killed_from_outside(f)),
                 next((f for f in failures if f.exitcode < 0), failures[0] if failures else None))
 
 
