@@ -774,14 +774,17 @@ class Floors(Strict):
 
 class Promotion(Strict):
     max_ne_regression: float = Field(default=0.005, ge=0)
-    """δ: a challenger cell's NE may exceed the champion's by at most this (relative)."""
+    """δ: a challenger cell's NE may exceed the champion's by at most this (relative), on the same
+    rows. The cell fails only when the paired interval of the ratio (`calibration_confidence`)
+    lies wholly above 1 + δ, so day-to-day noise in a small cell does not reject a retrain."""
     calibration: tuple[float, float] = (0.8, 1.25)
     """Bounds on each cell's calibration (sum of predictions / sum of labels). A challenger cell
     outside them still passes when the champion's calibration is further from 1 on the same rows."""
     calibration_confidence: float = Field(default=0.95, ge=0, lt=1)
-    """A cell fails the calibration bounds (or the first model's AUC floor) only when this
-    two-sided confidence interval of its calibration (or AUC) lies wholly outside them: small
-    cells (a few hundred positives) are noisy by ±2/sqrt(positives). 0 checks the point estimate alone."""
+    """A cell fails the calibration bounds (or the first model's floors, or δ against the champion)
+    only when this two-sided confidence interval of its calibration (AUC, NE, or NE ratio to the
+    champion) lies wholly outside them: small cells (a few hundred positives) are noisy by
+    ±2/sqrt(positives). 0 checks the point estimates alone."""
     teacher_epsilon: float = Field(default=0.03, ge=0)
     """ε: the student's macro NE may exceed its teacher's by at most this (relative)."""
     max_latency_ms: float = Field(default=10.0, gt=0)

@@ -55,6 +55,31 @@ def ne_standard_error(y: np.ndarray, p: np.ndarray) -> float:
     return float(d.std(ddof=1) / math.sqrt(n) / entropy(r))
 
 
+def paired_ne_ratio(y: np.ndarray, p_a: np.ndarray, p_b: np.ndarray) -> tuple[float, float]:
+    """NE of model a over NE of model b on the same rows, and the standard error of that ratio.
+
+    Both NEs share the cell's base-rate entropy, so the ratio is mean log loss a / mean log loss b;
+    its error comes from the per-row differences (delta method on a ratio of paired means), which
+    is far smaller than either NE's own error: two models scored on the same rows share most of
+    their noise. (NaN, NaN) when the cell has no positives or fewer than two rows."""
+    y = np.asarray(y, np.float64)
+    n = len(y)
+    if n < 2 or y.min() == y.max():
+        return float("nan"), float("nan")
+
+    def losses(p):
+        q = np.clip(np.asarray(p, np.float64), EPS, 1 - EPS)
+        return -(y * np.log(q) + (1 - y) * np.log(1 - q))
+
+    la, lb = losses(p_a), losses(p_b)
+    mb = float(lb.mean())
+    if mb <= 0:
+        return float("nan"), float("nan")
+    ratio = float(la.mean()) / mb
+    d = la - ratio * lb
+    return ratio, float(d.std(ddof=1) / math.sqrt(n) / mb)
+
+
 def auc(y: np.ndarray, p: np.ndarray) -> float:
     """Probability a random positive outranks a random negative (ties count half):
     the Mann-Whitney U statistic from average ranks."""

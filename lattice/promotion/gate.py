@@ -2,7 +2,10 @@
 
 Rules (thresholds from `config.promotion`):
   - per (domain, objective) cell: challenger NE <= champion NE * (1 + δ), both measured on the
-    same fresh evaluation window;
+    same fresh evaluation window. With the paired error of the ratio (both models scored the same
+    rows), the cell fails only when the interval of the ratio (at `calibration_confidence`) lies
+    wholly above 1 + δ: a conversion cell with 80 positives moves by a few percent from day to
+    day, and a point check rejects a sound retrain for that noise (after a shock, for days);
   - per cell: calibration (sum of predictions / sum of labels) within [low, high], unless the
     cell is too small to tell: with P positives the count of positives itself varies by about
     sqrt(P) from window to window, so a well calibrated model scores 1 ± 2/sqrt(P) (±16% at 150
@@ -67,6 +70,15 @@ class CellMetrics:
 Cell = tuple[str, str]
 
 
+@dataclass(frozen=True)
+class PairedNE:
+    """Challenger NE / champion NE on the same rows, and the standard error of that ratio
+    (lattice.evaluation.metrics.paired_ne_ratio)."""
+
+    ratio: float
+    se: float
+
+
 @dataclass
 class GateInputs:
     challenger: dict[Cell, CellMetrics]
@@ -79,6 +91,9 @@ class GateInputs:
     latency_p99_ms: float
     """p99 CPU time of one single-row prediction (process time: robust to other jobs on the machine)."""
     artifact_mb: float
+    paired: dict[Cell, PairedNE] | None = None
+    """Per cell, the challenger's NE over the champion's with its paired error; None (or a missing
+    cell) judges the point estimates alone."""
     fp8_fp32: dict[Cell, CellMetrics] | None = None
     """With FP8 sites in the challenger: its training weights run in FP32 on the same window (the
     FP8 artifact's cells are `challenger`); None when it has no FP8 site."""
@@ -133,12 +148,17 @@ def _cell_checks(p: Promotion, inputs: GateInputs) -> list[Reason]:
             else:
                 bound = champ.ne * (1 + p.max_ne_regression)
                 ok = m.ne <= bound
-                out.append(Reason(
-                    "ne_vs_champion", ok,
-                    f"{name}: NE {m.ne:.4f} vs champion {champ.ne:.4f} (limit {bound:.4f}, δ={p.max_ne_regression:g})"
-                    + ("" if ok else f": worse by {100 * (m.ne / champ.ne - 1):.2f}%"),
-                    name, m.ne, bound,
-                ))
+                shown = f"{name}: NE {m.ne:.4f} vs champion {champ.ne:.4f} (limit {bound:.4f}, δ={p.max_ne_regression:g})"
+                pair = (inputs.paired or {}).get(cell)
+                if not ok and pair is not None and pair.se == pair.se and z > 0:
+                    low, high = pair.ratio - z * pair.se, pair.ratio + z * pair.se
+                    ok = low <= 1 + p.max_ne_regression  # fails only when the data show it is worse than δ
+                    shown += (f": worse by {100 * (m.ne / champ.ne - 1):.2f}%, {100 * p.calibration_confidence:g}% paired "
+                              f"interval {100 * (low - 1):+.2f}% to {100 * (high - 1):+.2f}%"
+                              + (": within noise" if ok else ": beyond noise"))
+                elif not ok:
+                    shown += f": worse by {100 * (m.ne / champ.ne - 1):.2f}%"
+                out.append(Reason("ne_vs_champion", ok, shown, name, m.ne, bound))
         else:
             half = z * m.ne_se if m.ne_se == m.ne_se else 0.0
             ok = m.ne - half <= p.floors.max_ne  # fails only when the data show it is worse than the floor

@@ -8,8 +8,8 @@ import numpy as np
 import pandas as pd
 
 from lattice.config import PlatformConfig
-from lattice.evaluation.metrics import cell_metrics
-from lattice.promotion.gate import Cell, CellMetrics
+from lattice.evaluation.metrics import cell_metrics, paired_ne_ratio
+from lattice.promotion.gate import Cell, CellMetrics, PairedNE
 
 
 def gate_cells(config: PlatformConfig, frame: pd.DataFrame, probs: dict[str, np.ndarray]) -> dict[Cell, CellMetrics]:
@@ -19,6 +19,20 @@ def gate_cells(config: PlatformConfig, frame: pd.DataFrame, probs: dict[str, np.
     for o in config.objective_names:
         df[f"p_{o}"] = np.asarray(probs[o], dtype=np.float64)
     return from_report(cell_metrics(config, df)["cells"])
+
+
+def paired_cells(config: PlatformConfig, frame: pd.DataFrame, challenger: dict[str, np.ndarray],
+                 champion: dict[str, np.ndarray]) -> dict[Cell, PairedNE]:
+    """Per cell, the challenger's NE over the champion's on the same rows (`frame` as in
+    `gate_cells`) with its paired standard error; cells without a positive are left out."""
+    out: dict[Cell, PairedNE] = {}
+    for d, o in config.cells():
+        sel = ((frame["domain"] == d) & (frame[f"mask_{o}"] > 0)).to_numpy()
+        y = frame[f"label_{o}"].to_numpy(np.float64)[sel]
+        ratio, se = paired_ne_ratio(y, np.asarray(challenger[o], np.float64)[sel], np.asarray(champion[o], np.float64)[sel])
+        if ratio == ratio:
+            out[(d, o)] = PairedNE(ratio, se)
+    return out
 
 
 def from_report(cells: dict[str, dict]) -> dict[Cell, CellMetrics]:

@@ -86,7 +86,7 @@ def promote(config: PlatformConfig, paths: Paths, dry_run: bool = False, max_row
     from lattice.export.predictor import Predictor
     from lattice.export.window import latency_ms, load_window
     from lattice.promotion.gate import Decision, GateInputs, Reason, decide
-    from lattice.promotion.metrics import gate_cells, macro_ne
+    from lattice.promotion.metrics import gate_cells, macro_ne, paired_cells
     from lattice.registry import CHALLENGER, CHAMPION, ModelRegistry
     from lattice.registry.checksum import ArtifactIntegrityError, size_mb
 
@@ -141,8 +141,10 @@ def promote(config: PlatformConfig, paths: Paths, dry_run: bool = False, max_row
                         (("challenger", challenger), ("champion", champion), ("teacher", latest_teacher)) if info is not None)
     integrity_ok = Reason("artifact_integrity", True, f"{checked}: every file matches what was registered")
 
-    ch_cells = gate_cells(config, window, ch.predict_frame(window))
-    champ_cells = gate_cells(config, window, champ.predict_frame(window)) if champ is not None else None
+    ch_probs = ch.predict_frame(window)
+    ch_cells = gate_cells(config, window, ch_probs)
+    champ_probs = champ.predict_frame(window) if champ is not None else None
+    champ_cells = gate_cells(config, window, champ_probs) if champ_probs is not None else None
     teacher_cells = _teacher_cells(config, teacher_folder, window)
     # the ε check compares the same cells (the challenger's) for student and teacher
     teacher_macro = macro_ne({c: m for c, m in teacher_cells.items() if c in ch_cells}) if teacher_cells else None
@@ -154,6 +156,7 @@ def promote(config: PlatformConfig, paths: Paths, dry_run: bool = False, max_row
         challenger=ch_cells, champion=champ_cells, student_macro_ne=macro_ne(ch_cells), teacher_macro_ne=teacher_macro,
         export_max_abs_diff=parity, export_tolerance=tolerance, latency_p99_ms=lat["cpu_p99_ms"], artifact_mb=mb,
         fp8_fp32=_fp32_cells(config, ch_folder, window),
+        paired=paired_cells(config, window, ch_probs, champ_probs) if champ_probs is not None else None,
     )
     decision = decide(config.promotion, inputs).to_dict()
     decision["reasons"].insert(0, asdict(integrity_ok))

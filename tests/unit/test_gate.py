@@ -205,3 +205,50 @@ def test_fp8_artifact_is_held_to_its_own_weights_in_fp32_in_every_cell(config):
     assert [r.cell for r in d.failed if r.check == "fp8_parity"] == ["/".join(cell)]
     # no FP8 site: no fp8 check at all
     assert not [r for r in decide(config.promotion, _inputs(config, fp32, None)).reasons if r.check == "fp8_parity"]
+
+
+def _paired(config, ratio, se):
+    from lattice.promotion.gate import PairedNE
+
+    return {c: PairedNE(ratio, se) for c in config.cells()}
+
+
+@pytest.mark.parametrize("se, passed", [(0.02, True), (0.001, False)])
+def test_ne_regression_is_judged_by_its_paired_interval(config, se, passed):
+    """A cell 1.6% worse than the champion against δ = 1%: within noise when the paired error is
+    2% (a small conversion cell), beyond it when the error is 0.1% (a large click cell)."""
+    p = config.promotion.model_copy(update={"max_ne_regression": 0.01})
+    challenger, champion = _cells(config, ne=0.80 * 1.016), _cells(config, ne=0.80)
+    d = decide(p, _inputs(config, challenger, champion, paired=_paired(config, 1.016, se)))
+    assert d.passed is passed, [r.message for r in d.failed]
+    msg = next(r.message for r in d.reasons if r.check == "ne_vs_champion")
+    assert ("within noise" if passed else "beyond noise") in msg and "paired interval" in msg
+
+
+def test_ne_regression_without_a_paired_error_or_at_zero_confidence_is_a_point_check(config):
+    p = config.promotion.model_copy(update={"max_ne_regression": 0.01})
+    challenger, champion = _cells(config, ne=0.80 * 1.016), _cells(config, ne=0.80)
+    assert not decide(p, _inputs(config, challenger, champion)).passed
+    p0 = p.model_copy(update={"calibration_confidence": 0.0})
+    assert not decide(p0, _inputs(config, challenger, champion, paired=_paired(config, 1.016, 0.02))).passed
+
+
+def test_paired_ne_ratio_error_covers_the_noise_of_the_ratio():
+    """Two models on the same rows: over many label draws the NE ratio scatters by about its paired
+    standard error, which is clearly smaller than the NE's own (relative) error."""
+    from lattice.evaluation.metrics import ne, ne_standard_error, paired_ne_ratio
+
+    rng = np.random.default_rng(3)
+    truth = rng.uniform(0.01, 0.2, size=5_000)
+    a = np.clip(truth * rng.lognormal(0, 0.3, size=len(truth)), 1e-4, 0.99)  # a noisier model
+    ratios, ses, own = [], [], []
+    for _ in range(200):
+        y = (rng.random(len(truth)) < truth).astype(float)
+        r, se = paired_ne_ratio(y, a, truth)
+        assert r == pytest.approx(ne(y, a) / ne(y, truth), rel=1e-9)
+        ratios.append(r)
+        ses.append(se)
+        own.append(ne_standard_error(y, a) / ne(y, a))
+    assert np.std(ratios) == pytest.approx(np.mean(ses), rel=0.25)
+    assert np.mean(ses) < 0.75 * np.mean(own)
+    assert np.isnan(paired_ne_ratio(np.zeros(10), a[:10], truth[:10])).all()  # no positive: no NE
