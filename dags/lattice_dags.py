@@ -97,7 +97,14 @@ def _task(config_file: str, spec: DagSpec, group: AirflowTask, outlets: list[Ass
             context["outlet_events"][outlets[0]].extra = {t.emit_if: found}
         return result
 
-    return run_stage()
+    out = run_stage()
+    from lattice.orchestration.airflow_links import links_for_stages
+
+    # buttons on the task's page that open this run's MLflow run, gate decision, report, metrics
+    links = links_for_stages([group.last.stage])
+    if links:
+        out.operator.operator_extra_links = links
+    return out
 
 
 def _timetable(cron: str):

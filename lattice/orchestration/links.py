@@ -21,6 +21,30 @@ RUN_KEYS = (("run_id", "MLflow run"), ("gate_run_id", "MLflow gate decision"),
             ("next_day_run_id", "MLflow next-day series"), ("mlflow_run_id", "MLflow monitoring series"))
 
 
+STAGE_LINKS: dict[str, tuple[str, ...]] = {
+    "train": ("per-cell test metrics",),
+    "evaluate": ("per-cell test metrics",),
+    "distill": ("per-cell test metrics",),
+    "register": ("MLflow run", "MLflow model version", "per-cell test metrics"),
+    "gate": ("MLflow gate decision", "MLflow next-day series", "report"),
+    "apply_gate": ("MLflow gate decision", "MLflow next-day series", "report"),
+    "report": ("report",),
+    "monitor": ("MLflow monitoring series", "monitoring report", "per-cell online metrics"),
+}
+"""Per stage, the links its task offers as Airflow extra links (lattice.orchestration.airflow_links):
+the names `links_for` gives that stage's summary. A name the run has no target for shows greyed out."""
+
+
+def clickable(target: str) -> str | None:
+    """A target a browser can open from the Airflow UI: a URL as it is, an existing local file as a
+    file:// URI (for copying; browsers do not follow them from a web page); None otherwise (a
+    local MLflow run id names no page)."""
+    if target.startswith(("http://", "https://")):
+        return target
+    path = Path(target)
+    return path.resolve().as_uri() if path.is_absolute() and path.exists() else None
+
+
 def tracking_server(summary: dict[str, Any], config: PlatformConfig) -> str | None:
     """The MLflow server's base URL, or None when the registry is the work dir's local one."""
     uri = summary.get("tracking_uri") or config.registry.tracking_uri

@@ -169,6 +169,14 @@ def test_whole_chain_with_an_added_domain_and_objective(airflow_db, monkeypatch,
     decision = _xcom(promote, "promote_challenger")["summary"]
     assert decision["passed"] and decision["champion_before"] is None
     assert decision["champion_after"] == student["version"]
+    # the tasks' extra links (Airflow 3 keeps each as an XCom the UI reads): the report the chain
+    # rewrote, the per-cell metrics of the registered student; names as the DAG declares them
+    report = tmp_path / "work" / "report.html"
+    assert _xcom(promote, "refresh_report", key="_link_lattice_report") == report.resolve().as_uri()
+    metrics = tmp_path / "work" / "models" / "student" / "metrics.json"
+    assert _xcom(distill, "register_student", key="_link_lattice_per_cell_test_metrics") == metrics.resolve().as_uri()
+    assert {link.name for link in dags["tiny__promote"].get_task("gate").operator_extra_links} == {
+        "MLflow gate decision", "MLflow next-day series", "report"}
     (artifacts / "dag_chain_promote.json").write_text(json.dumps(decision, indent=2, default=str))
 
 

@@ -63,3 +63,42 @@ def test_monitor_summary_links_its_report_series_and_metrics(config, tmp_path):
                                  f"- monitoring report: `{mon / 'report.html'}`",
                                  f"- per-cell online metrics: `{mon / 'metrics.parquet'}`"]
     assert run_note({}) == "- no MLflow run or report for this run"
+
+
+def test_extra_links_read_the_tasks_own_result_and_only_offer_what_opens(tmp_path: Path) -> None:
+    """The Airflow extra link of a name: the URL as it is, an existing file as a file:// URI, and
+    nothing for a local MLflow run id (no page to open) or a name the result does not have."""
+    from lattice.orchestration.airflow_links import ResultLink, links_for_stages
+
+    report = tmp_path / "report.html"
+    report.write_text("<html></html>")
+
+    class FakeTI:  # what Airflow 3 passes as ti_key when the task ends: the running task instance
+        task_id = "refresh_report"
+
+        def xcom_pull(self, task_ids, key):
+            assert (task_ids, key) == ("refresh_report", "return_value")
+            return {"links": {"report": str(report), "MLflow run": f"{tmp_path} (run abc)",
+                              "MLflow gate decision": "http://127.0.0.1:5055/#/runs/g1"}}
+
+    ti = FakeTI()
+    assert ResultLink("report").get_link(None, ti_key=ti) == report.resolve().as_uri()
+    assert ResultLink("MLflow gate decision").get_link(None, ti_key=ti) == "http://127.0.0.1:5055/#/runs/g1"
+    assert ResultLink("MLflow run").get_link(None, ti_key=ti) == ""
+    assert ResultLink("monitoring report").get_link(None, ti_key=ti) == ""
+    assert ResultLink("per-cell test metrics").xcom_key == "_link_lattice_per_cell_test_metrics"
+    assert [link.name for link in links_for_stages(["register"])] == ["MLflow run", "MLflow model version", "per-cell test metrics"]
+    assert links_for_stages(["materialize"]) == ()
+
+
+def test_every_stage_link_name_is_one_links_for_can_give(tmp_path: Path) -> None:
+    """A stage's link that links_for never names would be a button that never opens anything."""
+    import inspect
+
+    from lattice.orchestration import links as module
+    from lattice.orchestration.links import STAGE_LINKS
+
+    source = inspect.getsource(module.links_for) + repr(module.RUN_KEYS)
+    for stage, names in STAGE_LINKS.items():
+        for name in names:
+            assert f'"{name}"' in source or f"'{name}'" in source, (stage, name)
