@@ -211,7 +211,7 @@ def leaf_latency(config, paths, reps: int = 2000) -> dict:
     return out
 
 
-def export_latency(config, paths, rounds: int = 2, iterations: int = 1000) -> dict:
+def export_latency(config, paths, rounds: int = 3, iterations: int = 1000) -> dict:
     """The exported student without and with leaves, in alternation: single-request latency
     through `Predictor.predict_table` (lattice.export.window.latency_ms: wall and CPU time, 1
     torch thread), as serving runs it."""
