@@ -211,7 +211,7 @@ def leaf_latency(config, paths, reps: int = 2000) -> dict:
     return out
 
 
-def export_latency(config, paths, rounds: int = 2, iterations: int = 1000) -> dict:
+def export_latency(config, paths, rounds: int = 3, iterations: int = 1000) -> dict:
     """The exported student without and with leaves, in alternation: single-request latency
     through `Predictor.predict_table` (lattice.export.window.latency_ms: wall and CPU time, 1
     torch thread), as serving runs it."""
@@ -224,10 +224,34 @@ def export_latency(config, paths, rounds: int = 2, iterations: int = 1000) -> di
     for _ in range(rounds):
         for m in ("student", "student@leaves"):
             s = export_model(config, paths, m)
-            lat = latency_ms(Predictor.load(Path(s["artifact"])), window, iterations=iterations)
+            predictor = Predictor.load(Path(s["artifact"]))
+            lat = latency_ms(predictor, window, iterations=iterations)
+            lat.update(batch_cpu_ms(predictor, window))
             out.setdefault(m, []).append({**lat, "max_abs_diff": s["max_abs_diff"]})
             print(f"  export {m}: " + ", ".join(f"{k} {v:.3f}" for k, v in lat.items()), flush=True)
     return out
+
+
+def batch_cpu_ms(predictor, frame: pd.DataFrame, rows: int = 256, iterations: int = 200) -> dict[str, float]:
+    """CPU time of one `predict_table` call on `rows` rows of the window (1 torch thread), p50 / p99 ms."""
+    import pyarrow as pa
+    import torch
+
+    table = pa.Table.from_pandas(frame, preserve_index=False)
+    chunks = [table.slice((i * rows) % max(1, table.num_rows - rows), rows) for i in range(iterations)]
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for c in chunks[:5]:
+            predictor.predict_table(c)
+        cpu = []
+        for c in chunks:
+            t = time.process_time()
+            predictor.predict_table(c)
+            cpu.append((time.process_time() - t) * 1e3)
+    finally:
+        torch.set_num_threads(before)
+    return {f"cpu_p50_ms_b{rows}": float(np.percentile(cpu, 50)), f"cpu_p99_ms_b{rows}": float(np.percentile(cpu, 99))}
 
 
 def summary(config, rows: dict[str, list[dict]]) -> str:

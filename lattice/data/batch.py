@@ -32,12 +32,17 @@ class Batch:
         return int(self.domain.shape[0])
 
 
-def kjt_from_ids(keys: list[str], ids: list[np.ndarray], present: list[np.ndarray]) -> KeyedJaggedTensor:
-    """One bag per (feature, example): length 1 with the id where present, 0 where null."""
-    values = np.concatenate([v[p] for v, p in zip(ids, present)]) if keys else np.zeros(0, np.int64)
-    lengths = np.concatenate([p.astype(np.int32) for p in present]) if keys else np.zeros(0, np.int32)
+def kjt_from_ids(keys: list[str], ids: list[np.ndarray], present: list[np.ndarray],
+                 bags: list[tuple[str, np.ndarray, np.ndarray]] = ()) -> KeyedJaggedTensor:
+    """One bag per (feature, example): length 1 with the id where present, 0 where null. `bags`:
+    more keys after the features', each (key, values, lengths) already jagged (the forests' leaf
+    ids, lattice.models.leaves.leaf_values), in the same one KJT."""
+    parts = [v[p] for v, p in zip(ids, present)] + [v for _, v, _ in bags]
+    lens = [p.astype(np.int32) for p in present] + [ls for _, _, ls in bags]
+    values = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+    lengths = np.concatenate(lens) if lens else np.zeros(0, np.int32)
     return KeyedJaggedTensor(
-        keys=list(keys),
+        keys=list(keys) + [k for k, _, _ in bags],
         values=torch.from_numpy(values.astype(np.int64)),
         lengths=torch.from_numpy(lengths.astype(np.int32)),
     )

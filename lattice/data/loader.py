@@ -32,7 +32,7 @@ from lattice.data.split import Split, split_mask
 from lattice.data.transforms import DenseStats, StatsAccumulator, dense_spec
 from lattice.data.window import DaySplits, row_dates
 from lattice.data.zipper import zipper_heads_arrow
-from lattice.models.leaves import with_leaves
+from lattice.models.leaves import leaf_values
 from lattice.paths import Paths
 
 
@@ -168,6 +168,11 @@ class RowEncoder:
         # its trees read the raw columns through their own fit's transform
         self.leaves = leaves
         tree_dense = [c.column for c in leaves.stats.columns] if leaves is not None else []
+        # raw dense columns read once each, the model's and the trees' (usually the same columns)
+        self.dense_columns = list(dict.fromkeys([c.column for c in stats.columns] + tree_dense))
+        # the trees' dense block is the model's when both stats transform alike (the usual case:
+        # both fitted on the same train split): computed once per row, not twice
+        self.shared_dense = leaves is not None and leaves.same_dense_transform(stats)
         self.domain_index = {d: i for i, d in enumerate(config.domain_names)}
         self.sparse = [(f.name, f.column) for f in config.features.sparse]
         objs = config.objective_names
@@ -201,10 +206,10 @@ class RowEncoder:
                 sparse[c] = (pc.fill_null(a.cast(pa.int64()), 0).to_numpy().astype(np.int64),
                              pc.is_valid(a).to_numpy(zero_copy_only=False).astype(bool))
         dense = {}
-        for c in self.stats.columns + (self.leaves.stats.columns if self.leaves is not None else []):
-            a = col(c.column)
+        for c in self.dense_columns:
+            a = col(c)
             if a is not None:
-                dense[c.column] = pc.fill_null(a.cast(pa.float64()), 0.0).to_numpy()
+                dense[c] = pc.fill_null(a.cast(pa.float64()), 0.0).to_numpy()
         targets = {}
         for c in self.targets:
             a = col(c)
@@ -234,7 +239,7 @@ class RowEncoder:
         out["dense"] = self.stats.apply(dense, n)
         if self.leaves is not None:  # (n, trees) per objective: lattice.trees.leaves
             out.update(self.leaves.arrays(dense, {name: (out[f"id:{name}"], out[f"has:{name}"]) for name, _ in self.sparse},
-                                          dom_idx, n))
+                                          dom_idx, n, out["dense"] if self.shared_dense else None))
         for o in self.config.objective_names:
             for kind, col in (("label", S.label_column(o)), ("mask", S.mask_column(o))):
                 out[f"{kind}:{o}"] = targets[col] if col in targets else np.zeros(n, np.float32)
@@ -400,9 +405,8 @@ def to_batch(config: PlatformConfig, arrs: dict[str, np.ndarray]) -> Batch:
     zk = {o: sum(1 for k in arrs if k.startswith(f"zmask:{o}:")) for o in objs}
     zl = {o: torch.from_numpy(np.stack([arrs[f"zlabel:{o}:{k}"] for k in range(n)], 1)) for o, n in zk.items() if n}
     zm = {o: torch.from_numpy(np.stack([arrs[f"zmask:{o}:{k}"] for k in range(n)], 1)) for o, n in zk.items() if n}
-    sparse = kjt_from_ids(names, [arrs[f"id:{n}"] for n in names], [arrs[f"has:{n}"] for n in names])
-    if any(k.startswith("leaf:") for k in arrs):  # leaf ids after the features' keys (lattice.trees.leaves)
-        sparse = with_leaves(sparse, arrs)
+    # leaf ids (lattice.trees.leaves), when the rows carry them: one key per forest after the features'
+    sparse = kjt_from_ids(names, [arrs[f"id:{n}"] for n in names], [arrs[f"has:{n}"] for n in names], leaf_values(arrs))
     return Batch(
         dense=t(arrs["dense"]),
         sparse=sparse,

@@ -75,13 +75,3 @@ def leaf_values(arrs: dict[str, np.ndarray]) -> list[tuple[str, np.ndarray, np.n
         leaves = arrs[k]  # (n, T)
         out.append((leaf_key(k.split(":", 1)[1]), leaves.reshape(-1), np.full(leaves.shape[0], leaves.shape[1], np.int32)))
     return out
-
-
-def with_leaves(kjt, arrs: dict[str, np.ndarray]):
-    """The features' KJT with one more key per forest in `arrs` (after the features' keys)."""
-    forests = leaf_values(arrs)
-    return KeyedJaggedTensor(
-        keys=kjt.keys() + [k for k, _, _ in forests],
-        values=torch.cat([kjt.values()] + [torch.from_numpy(v if v.flags.writeable else v.copy()) for _, v, _ in forests]),
-        lengths=torch.cat([kjt.lengths()] + [torch.from_numpy(ls) for _, _, ls in forests]),
-    )

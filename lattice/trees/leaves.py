@@ -16,8 +16,10 @@ leaf values exactly). Its table has `trees * num_leaves` rows, sized from the fi
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import json
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,7 +52,9 @@ class LeafForest:
 
     def __post_init__(self) -> None:
         self._lgb: dict[str, lgb.Booster] = {}
+        self._single: dict[str, SingleRowLeaves] = {}
         self.features = TreeFeatures([c.column for c in self.stats.columns], self.sparse, self.with_domain)
+        self._offsets: dict[str, np.ndarray] = {}  # objective -> t * num_leaves per tree
 
     # ------------------------------------------------------------ loading
     @classmethod
@@ -112,35 +116,123 @@ class LeafForest:
             self._lgb[objective] = lgb.Booster(model_str=self.boosters[objective])
         return self._lgb[objective]
 
+    def single_row(self, objective: str) -> "SingleRowLeaves":
+        if objective not in self._single:
+            self._single[objective] = SingleRowLeaves(self.booster(objective))
+        return self._single[objective]
+
     def __getstate__(self) -> dict:  # worker processes load their own boosters
         state = dict(self.__dict__)
-        state["_lgb"] = {}
+        state["_lgb"], state["_single"] = {}, {}
         return state
 
     def matrix(self, dense_raw: dict[str, np.ndarray], ids: dict[str, tuple[np.ndarray, np.ndarray]],
-               domain: np.ndarray, n: int) -> np.ndarray:
+               domain: np.ndarray, n: int, dense: np.ndarray | None = None) -> np.ndarray:
         """The boosters' (n, features) matrix from raw columns: `dense_raw` column -> raw values
-        (nulls 0, as RowEncoder reads them), `ids` feature name -> (int64 ids, present)."""
-        arrs: dict[str, np.ndarray] = {"dense": self.stats.apply(dense_raw, n), "domain": domain}
+        (nulls 0, as RowEncoder reads them), `ids` feature name -> (int64 ids, present). `dense`:
+        the fit's dense transform of `dense_raw`, when the caller has it (RowEncoder does when its
+        stats are the fit's: `same_dense_transform`)."""
+        z = self.stats.apply(dense_raw, n) if dense is None else dense
+        if n == 1:  # one request: a list, one searchsorted per feature, no per-feature arrays
+            return self._row(z, ids, domain)
+        arrs: dict[str, np.ndarray] = {"dense": z, "domain": domain}
         for e in self.sparse:
             arrs[f"id:{e.name}"], arrs[f"has:{e.name}"] = ids.get(e.name, (np.zeros(n, np.int64), np.zeros(n, bool)))
         return self.features.matrix(arrs)
 
+    def _row(self, z: np.ndarray, ids: dict[str, tuple[np.ndarray, np.ndarray]], domain: np.ndarray) -> np.ndarray:
+        """`features.matrix` of one row, (1, features) float64, the same numbers."""
+        row = z[0].tolist()  # float32 -> Python float, exact (as x[:, :k] = dense upcasts)
+        for e in self.sparse:  # SparseEncoding.apply on one id
+            got = ids.get(e.name)
+            if got is None or not got[1][0] or not len(e.ids):
+                row.append(np.nan)  # absent (or a feature the fit saw no id of)
+                continue
+            v = got[0][0]
+            i = int(e.ids.searchsorted(v))
+            if i < len(e.ids) and e.ids[i] == v:
+                row.append(float(i) if e.kind == "categorical" else float(e.counts[i]))
+            else:  # present, never seen by the fit
+                row.append(np.nan if e.kind == "categorical" else 0.0)
+        if self.with_domain:
+            row.append(domain[0])
+        return np.array([row], dtype=np.float64)
+
     def leaves(self, x: np.ndarray) -> dict[str, np.ndarray]:
-        """objective -> (n, trees) int64 leaf index (LightGBM pred_leaf)."""
+        """objective -> (n, trees) int64 leaf index (LightGBM pred_leaf). One row goes through
+        LightGBM's single-row predictor (`SingleRowLeaves`), more through `Booster.predict`."""
+        if len(x) == 1:
+            return {o: self.single_row(o)(x[0])[None, :] for o in self.boosters}
         # one thread: a request is a few rows, and OpenMP threads spinning beside torch's on shared
         # cores put the single-row p99 at 100+ ms (bench/bench_tree_leaves.py --latency-only)
         return {o: np.asarray(self.booster(o).predict(x, pred_leaf=True, num_threads=1), dtype=np.int64).reshape(len(x), -1)
                 for o in self.boosters}
 
     def arrays(self, dense_raw: dict[str, np.ndarray], ids: dict[str, tuple[np.ndarray, np.ndarray]],
-               domain: np.ndarray, n: int) -> dict[str, np.ndarray]:
+               domain: np.ndarray, n: int, dense: np.ndarray | None = None) -> dict[str, np.ndarray]:
         """RowEncoder arrays `leaf:<objective>`, (n, trees) int64: the id of tree t's leaf in the
-        forest's table, `t * num_leaves + leaf`."""
+        forest's table, `t * num_leaves + leaf`. `dense`: as `matrix` takes it."""
         out = {}
-        for o, v in self.leaves(self.matrix(dense_raw, ids, domain, n)).items():
-            out[f"leaf:{o}"] = np.arange(v.shape[1], dtype=np.int64)[None, :] * self.num_leaves + v
+        for o, v in self.leaves(self.matrix(dense_raw, ids, domain, n, dense)).items():
+            offsets = self._offsets.get(o)
+            if offsets is None or offsets.shape[1] != v.shape[1]:
+                offsets = self._offsets[o] = np.arange(v.shape[1], dtype=np.int64)[None, :] * self.num_leaves
+            out[f"leaf:{o}"] = offsets + v
         return out
+
+    def same_dense_transform(self, stats: DenseStats) -> bool:
+        """True when `stats.apply` gives the numbers the fit's own stats give (same columns,
+        transforms and bounds): the row encoder's dense block can then be reused as is."""
+        return _transform_of(stats) == _transform_of(self.stats)
+
+
+class SingleRowLeaves:
+    """pred_leaf of one row through LightGBM's own single-row predictor
+    (`LGBM_BoosterPredictForMatSingleRowFastInit` / `...SingleRowFast` of its C API, which the
+    Python package does not wrap): the prediction setup is made once, not per request as
+    `Booster.predict` makes it (about 20 us against 6 us a call on the dev machine, 7 trees).
+    Same trees, same iterations as `Booster.predict(x, pred_leaf=True)`
+    (tests/unit/test_tree_leaves.py checks equality row by row). One thread; a lock, since the
+    handle holds one row's buffers."""
+
+    def __init__(self, booster: lgb.Booster):
+        from lightgbm.basic import _C_API_DTYPE_FLOAT64, _C_API_PREDICT_LEAF_INDEX, _LIB, _safe_call
+
+        self._lib, self._check = _LIB, _safe_call
+        self.booster = booster  # keeps the booster's handle alive as long as the fast config
+        self.ncol = booster.num_feature()
+        # Booster.predict's default iterations: best_iteration (-1: all, as a booster loaded from text)
+        self.handle = ctypes.c_void_p()
+        _safe_call(_LIB.LGBM_BoosterPredictForMatSingleRowFastInit(
+            booster._handle, ctypes.c_int(_C_API_PREDICT_LEAF_INDEX), ctypes.c_int(0), ctypes.c_int(booster.best_iteration),
+            ctypes.c_int(_C_API_DTYPE_FLOAT64), ctypes.c_int32(self.ncol), ctypes.c_char_p(b"num_threads=1"),
+            ctypes.byref(self.handle)))
+        self._out = np.empty(booster.num_trees(), dtype=np.float64)
+        self._out_ptr = self._out.ctypes.data_as(ctypes.POINTER(ctypes.c_double))
+        self._len = ctypes.c_int64(0)
+        self._lock = threading.Lock()
+
+    def __call__(self, row: np.ndarray) -> np.ndarray:
+        """(features,) float64 -> (trees,) int64 leaf index."""
+        row = np.ascontiguousarray(row, dtype=np.float64)
+        if row.shape != (self.ncol,):
+            raise ValueError(f"one row of {self.ncol} features expected, got shape {row.shape}")
+        with self._lock:
+            self._check(self._lib.LGBM_BoosterPredictForMatSingleRowFast(
+                self.handle, ctypes.c_void_p(row.ctypes.data), ctypes.byref(self._len), self._out_ptr))
+            return self._out[: self._len.value].astype(np.int64)
+
+    def __del__(self) -> None:
+        handle = getattr(self, "handle", None)
+        if handle is not None and handle.value:
+            self._lib.LGBM_FastConfigFree(handle)
+            handle.value = None
+
+
+def _transform_of(stats: DenseStats) -> tuple:
+    """What `DenseStats.apply` reads."""
+    return (tuple(stats.columns), tuple(stats.mean), tuple(stats.std),
+            None if stats.low is None else tuple(stats.low), None if stats.high is None else tuple(stats.high))
 
 
 def _num_trees(model_text: str) -> int:

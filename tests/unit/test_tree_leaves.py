@@ -224,3 +224,95 @@ def test_leaves_feed_the_teacher_and_the_student_only() -> None:
     d["models"]["leaves"] = {"models": ["mmoe"]}
     with pytest.raises(ConfigError, match="leaves"):
         parse_config(d, "x.yaml")
+
+
+def _random_ids(forest, n: int, rng: np.random.Generator) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Per sparse feature: ids the fit saw, ids it never saw, and absent ones (a feature left out too)."""
+    ids = {}
+    for e in forest.sparse[:-1]:  # the last feature absent from the request altogether
+        seen = e.ids[rng.integers(0, len(e.ids), n)] if len(e.ids) else np.zeros(n, np.int64)
+        unseen = rng.integers(-2**62, 2**62, n)
+        ids[e.name] = (np.where(rng.random(n) < 0.7, seen, unseen).astype(np.int64), rng.random(n) < 0.8)
+    return ids
+
+
+def test_one_request_gets_the_leaf_ids_a_batch_gets(fitted) -> None:
+    """The one-row path (LeafForest._row + LightGBM's single-row predictor) against the batch path
+    (TreeFeatures.matrix + Booster.predict pred_leaf), row by row: seen, unseen and absent ids of
+    categorical and count encodings, the domain (a categorical split), dense values out of range."""
+    from lattice.trees.leaves import LeafForest
+
+    cfg, paths, manifest, _ = fitted
+    forest = LeafForest.load(paths.trees)
+    assert {e.kind for e in forest.sparse} == {"categorical", "count"}
+    rng = np.random.default_rng(38)
+    n = 400
+    dense = {c.column: rng.normal(0, 1e3, n) * (rng.random(n) < 0.9) for c in forest.stats.columns}
+    ids = _random_ids(forest, n, rng)
+    domain = rng.integers(0, len(cfg.domain_names), n)
+    batch = forest.arrays(dense, ids, domain, n)
+    assert all(v.shape[0] == n for v in batch.values())
+    x = forest.matrix(dense, ids, domain, n)
+    assert np.isnan(x).any(axis=0).sum() >= 2  # missing values reach the trees
+    for i in range(n):
+        one = {k: (a[i:i + 1], p[i:i + 1]) for k, (a, p) in ids.items()}
+        row = forest.matrix({k: v[i:i + 1] for k, v in dense.items()}, one, domain[i:i + 1], 1)
+        np.testing.assert_array_equal(row, x[i:i + 1])  # NaN where NaN, same numbers elsewhere
+        got = forest.arrays({k: v[i:i + 1] for k, v in dense.items()}, one, domain[i:i + 1], 1)
+        for k, v in batch.items():
+            np.testing.assert_array_equal(got[k], v[i:i + 1])
+
+
+def test_lightgbms_single_row_predictor_is_pred_leaf(fitted) -> None:
+    """SingleRowLeaves (the C API's single-row fast path) against Booster.predict(pred_leaf=True)
+    on the fit's own rows and on rows with missing values and unseen categories."""
+    from lattice.data.loader import find_table
+    from lattice.trees.leaves import LeafForest, SingleRowLeaves
+
+    cfg, paths, manifest, _ = fitted
+    forest = LeafForest.load(paths.trees)
+    stats = DenseStats.load(paths.trees / "dense_stats.json")
+    arrs, _ = read_rows(cfg, find_table(paths), stats)
+    x = forest.features.matrix(arrs)[:1500].copy()
+    rng = np.random.default_rng(7)
+    x[rng.random(x.shape) < 0.15] = np.nan
+    x[rng.random(x.shape) < 0.05] = 10_000.0  # beyond every category and threshold
+    for o in forest.boosters:
+        booster = forest.booster(o)
+        want = booster.predict(x, pred_leaf=True, num_threads=1)
+        one = SingleRowLeaves(booster)
+        got = np.stack([one(r) for r in x])
+        assert got.dtype == np.int64 and got.shape == want.shape == (len(x), booster.num_trees())
+        np.testing.assert_array_equal(got, want)
+        assert len(np.unique(got, axis=0)) > 10  # the rows reach many leaves, not one
+        with pytest.raises(ValueError, match="features"):
+            one(x[0, :-1])
+
+
+def test_the_row_encoder_shares_the_dense_block_only_when_the_transform_is_the_same(fitted) -> None:
+    """RowEncoder reuses its own dense block for the trees only when the fit's stats transform
+    alike; with other stats the trees still get their own transform, and the same leaf ids."""
+    import dataclasses
+
+    import pandas as pd
+    import pyarrow as pa
+
+    from lattice.data.loader import RowEncoder, find_table
+    from lattice.trees.leaves import LeafForest
+
+    cfg, paths, manifest, _ = fitted
+    forest = LeafForest.load(paths.trees)
+    tbl = pa.Table.from_pandas(pd.read_parquet(find_table(paths)).head(50), preserve_index=False)
+    same = RowEncoder(cfg, forest.stats, leaves=forest)
+    other_stats = dataclasses.replace(forest.stats, mean=[m + 1.0 for m in forest.stats.mean])
+    other = RowEncoder(cfg, other_stats, leaves=forest)
+    assert same.shared_dense and not other.shared_dense
+    a, b = same.encode(tbl, {}), other.encode(tbl, {})
+    assert not np.array_equal(a["dense"], b["dense"])
+    leaf_keys = [k for k in a if k.startswith("leaf:")]
+    assert leaf_keys
+    for k in leaf_keys:
+        np.testing.assert_array_equal(a[k], b[k])
+        for i in range(0, 50, 7):  # one row at a time, as serving encodes
+            np.testing.assert_array_equal(same.encode(tbl.slice(i, 1), {})[k], a[k][i:i + 1])
+            np.testing.assert_array_equal(other.encode(tbl.slice(i, 1), {})[k], a[k][i:i + 1])
