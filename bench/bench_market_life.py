@@ -81,7 +81,8 @@ def build_config(args, seed: int, shock: bool, base: Path):
                                                     "label_delay": args.label_delay}),
         "monitoring": cfg.monitoring.model_copy(update={"rules": [
             CalibrationRule(kind="calibration", low=args.cal_low, high=args.cal_high,
-                            min_positives=args.min_positives, periods=args.periods)]}),
+                            min_positives=args.min_positives, periods=args.periods,
+                            confidence=args.cal_confidence)]}),
     })
     return cfg
 
@@ -485,6 +486,8 @@ def main() -> None:
     ap.add_argument("--cal-high", type=float, default=1.1)
     ap.add_argument("--min-positives", type=int, default=100)
     ap.add_argument("--periods", type=int, default=1)
+    ap.add_argument("--cal-confidence", type=float, default=0.95,
+                    help="the calibration rule's interval (0: the point estimate alone, the rule before it)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--warmup-in-one-run", action="store_true",
                     help="days 1..first-2 (before anything is trained, judged or served) in one features run over their interval")

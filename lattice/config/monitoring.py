@@ -44,6 +44,12 @@ class CalibrationRule(_Strict):
     positives make the ratio noise)."""
     periods: int = Field(default=2, ge=1)
     """Consecutive periods (each with enough positives) the cell must be outside the bounds."""
+    confidence: float = Field(default=0.95, ge=0, lt=1)
+    """A period counts as outside only when this two-sided interval of its calibration (the
+    positive count off by z standard deviations of a sum of Bernoullis under the served
+    probabilities, as the gate's) lies wholly outside [low, high]: with 100-300 positives a day
+    the ratio moves by ±10-20% on noise alone, which a plain band reads as drift. 0 compares the
+    point estimate alone."""
 
     @model_validator(mode="after")
     def _ordered(self) -> "CalibrationRule":

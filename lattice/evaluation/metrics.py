@@ -96,6 +96,19 @@ def calibration(y: np.ndarray, p: np.ndarray) -> float:
     return float(np.sum(p)) / s if s > 0 else float("nan")
 
 
+def calibration_interval(calibration: float, expected: float, positives: float, variance: float,
+                         z: float) -> tuple[float, float]:
+    """(low, high) of sum p / sum y when the positive count may be off by z standard deviations
+    (normal approximation of a sum of Bernoullis under the model: mean `expected` = sum p,
+    variance `variance` = sum p(1 - p)). Unknown sums or z <= 0: the point estimate twice."""
+    if not positives or expected != expected or variance != variance or z <= 0:
+        return calibration, calibration
+    half = z * math.sqrt(max(variance, 0.0))
+    low = expected / (positives + half)
+    high = expected / (positives - half) if positives > half else math.inf
+    return low, high
+
+
 def expected_calibration_error(y: np.ndarray, p: np.ndarray, bins: int = 10) -> float:
     """Mean |mean prediction - observed rate| over `bins` equal-mass bins of the predictions,
     weighted by rows: the miscalibration the ratio above hides when errors of opposite sign

@@ -52,6 +52,9 @@ def cell_table(config: PlatformConfig, joined: pd.DataFrame) -> pd.DataFrame:
                 "label_rate": float(y.mean()) if len(y) else float("nan"),
                 "prediction_mean": float(p.mean()) if len(p) else float("nan"),
                 "calibration": M.calibration(y, p),
+                # sum p and sum p(1-p): the positive count's mean and variance were the model
+                # calibrated; the calibration rule's interval needs them (monitoring.rules)
+                "expected_positives": float(p.sum()), "positives_variance": float((p * (1 - p)).sum()),
                 "ne": M.ne(y, p), "auc": M.auc(y, p),
                 "unknown_entity_rate": unknown_rate, "store_error_rate": store_error_rate,
             })

@@ -17,11 +17,13 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from statistics import NormalDist
 from typing import Any
 
 import pandas as pd
 
 from lattice.config.monitoring import CalibrationRule, DriftRule, NeRegressionRule
+from lattice.evaluation.metrics import calibration_interval
 
 PERIOD_HOURS = {"hour": 1.0, "day": 24.0}
 
@@ -62,20 +64,39 @@ def _healthy(index: int, rule, domain: str, cell: str, s: pd.DataFrame, bad: pd.
     return None
 
 
+def calibration_bounds(rule: CalibrationRule, s: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
+    """Per period, (low, high) of the calibration's `rule.confidence` interval; rows without the
+    positive count's sums (a series written before they were kept) give the point estimate."""
+    z = NormalDist().inv_cdf(0.5 + rule.confidence / 2) if rule.confidence > 0 else 0.0
+    nan = pd.Series(float("nan"), index=s.index)
+    expected, variance = s.get("expected_positives", nan), s.get("positives_variance", nan)
+    pairs = [calibration_interval(float(c), float(e), float(n), float(v), z)
+             for c, e, n, v in zip(s["calibration"], expected, s["positives"], variance)]
+    return (pd.Series([a for a, _ in pairs], index=s.index, dtype=float),
+            pd.Series([b for _, b in pairs], index=s.index, dtype=float))
+
+
 def _calibration(index: int, rule: CalibrationRule, cells: pd.DataFrame, period: str) -> list[dict]:
     out = []
+    beyond = f" beyond noise ({100 * rule.confidence:g}% interval)" if rule.confidence > 0 else ""
     for (domain, objective), series in cells.groupby(["domain", "objective"], sort=True):
         s = _latest_version(series)
         s = s[(s["positives"] >= rule.min_positives) & s["calibration"].notna()]
-        out.append(_healthy(index, rule, domain, objective, s, (s["calibration"] < rule.low) | (s["calibration"] > rule.high)))
+        low, high = calibration_bounds(rule, s)
+        # outside: the whole interval lies below `low` or above `high`
+        bad = (high < rule.low) | (low > rule.high)
+        out.append(_healthy(index, rule, domain, objective, s, bad))
         tail = _tail(s, rule.periods, period)
         if tail is None:
             continue
-        outside = (tail["calibration"] < rule.low) | (tail["calibration"] > rule.high)
-        if outside.all():
-            out.append(_finding(index, rule, {"domain": domain, "objective": objective}, tail, "calibration",
-                                {"low": rule.low, "high": rule.high, "min_positives": rule.min_positives},
-                                f"calibration outside [{rule.low}, {rule.high}] for {rule.periods} period(s) in a row"))
+        if bad.loc[tail.index].all():
+            f = _finding(index, rule, {"domain": domain, "objective": objective}, tail, "calibration",
+                         {"low": rule.low, "high": rule.high, "min_positives": rule.min_positives,
+                          "confidence": rule.confidence},
+                         f"calibration outside [{rule.low}, {rule.high}]{beyond} for {rule.periods} period(s) in a row")
+            f["figures"]["interval"] = [[round(float(a), 6), round(float(b), 6)]
+                                        for a, b in zip(low.loc[tail.index], high.loc[tail.index])]
+            out.append(f)
     return out
 
 

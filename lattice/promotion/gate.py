@@ -28,6 +28,7 @@ from statistics import NormalDist
 from typing import Any
 
 from lattice.config.schema import Promotion
+from lattice.evaluation.metrics import calibration_interval
 
 
 @dataclass(frozen=True)
@@ -58,13 +59,8 @@ class CellMetrics:
 
     def calibration_interval(self, z: float) -> tuple[float, float]:
         """(low, high) of sum p / sum y when the positive count may be off by z standard
-        deviations (normal approximation of a sum of Bernoullis under the model)."""
-        if not self.positives or self.expected != self.expected or z <= 0:
-            return self.calibration, self.calibration
-        half = z * math.sqrt(max(self.variance, 0.0))
-        low = self.expected / (self.positives + half)
-        high = self.expected / (self.positives - half) if self.positives > half else math.inf
-        return low, high
+        deviations (lattice.evaluation.metrics.calibration_interval)."""
+        return calibration_interval(self.calibration, self.expected, self.positives, self.variance, z)
 
 
 Cell = tuple[str, str]

@@ -59,6 +59,27 @@ def test_calibration_judges_the_latest_version_only():
     assert check([CAL], pd.concat([old, new]), NONE)[0] == []
 
 
+def _with_sums(cells: pd.DataFrame, mean_p: float = 0.05) -> pd.DataFrame:
+    """The positive count's mean (sum p) and variance (sum p(1-p)) the monitor keeps per period."""
+    expected = cells["calibration"] * cells["positives"]
+    return cells.assign(expected_positives=expected, positives_variance=expected * (1 - mean_p))
+
+
+def test_calibration_outside_the_bounds_by_noise_alone_does_not_trip():
+    # 115 positives: 1.2 is within ~2 standard deviations (±0.19) of a calibrated model
+    noisy = _with_sums(_cells([1.2, 1.2], positives=115))
+    rule = CalibrationRule(kind="calibration", low=0.9, high=1.1, min_positives=100, periods=1)
+    assert check([rule], noisy, NONE)[0] == []
+    point = rule.model_copy(update={"confidence": 0.0})  # the point estimate alone reads it as drift
+    assert len(check([point], noisy, NONE)[0]) == 1
+    # the same ratio over 2,000 positives is beyond noise; and a shock to 0.7 over 300 is too
+    assert len(check([rule], _with_sums(_cells([1.2], positives=2000)), NONE)[0]) == 1
+    found = check([rule], _with_sums(_cells([0.7], positives=300)), NONE)[0]
+    assert len(found) == 1 and "beyond noise (95% interval)" in found[0]["reason"]
+    low, high = found[0]["figures"]["interval"][0]
+    assert low < 0.7 < high < 0.9 and found[0]["bounds"]["confidence"] == 0.95
+
+
 @pytest.mark.parametrize("series, trips", [([0.05, 0.3], True), ([0.3, 0.05], False), ([0.1, 0.19], False)])
 def test_drift_rule(series, trips):
     rule = DriftRule(kind="drift", feature="price", max_psi=0.2)
