@@ -150,9 +150,10 @@ def shipped(name: str, workdir: Path, reuse: bool, demo_rows: int, overrides: li
 # ---------------------------------------------------------------- models
 
 
-def with_leaves(config, models: list[str], num_trees: int, num_leaves: int):
+def with_leaves(config, models: list[str], num_trees: int, num_leaves: int, margin: bool = False):
     m = config.models
-    leaves = m.leaves.model_copy(update={"models": models, "num_trees": num_trees, "num_leaves": num_leaves})
+    leaves = m.leaves.model_copy(update={"models": models, "num_trees": num_trees, "num_leaves": num_leaves,
+                                         "margin": margin})
     return config.model_copy(update={"models": m.model_copy(update={"leaves": leaves})})
 
 
@@ -285,6 +286,7 @@ def run_dataset(name: str, args) -> dict:
     trees = m.baselines.trees.model_copy(update={"num_threads": args.tree_threads})
     config = config.model_copy(update={"models": m.model_copy(update={"baselines": m.baselines.model_copy(update={"trees": trees})})})
     on = with_leaves(config, ["teacher", "student"], args.num_trees, args.num_leaves)
+    margin = with_leaves(config, ["teacher", "student"], args.num_trees, args.num_leaves, margin=True)
     t = time.perf_counter()
     manifest = fit_trees(on, paths)
     print(f"[{name}] trees fit {time.perf_counter() - t:.0f}s: " + ", ".join(
@@ -299,14 +301,20 @@ def run_dataset(name: str, args) -> dict:
     for seed in args.seeds:  # the trees are fitted once (seed --seed); the networks per seed
         print(f"[{name}] seed {seed}", flush=True)
         rows.setdefault("teacher, leaves", []).append(run_one(seeded(on, seed), paths, "teacher@leaves", args.epochs))
-        rows.setdefault("teacher", []).append(run_one(seeded(config, seed), paths, "teacher", args.epochs))
+        if args.margin:
+            rows.setdefault("teacher, leaves + margin", []).append(
+                run_one(seeded(margin, seed), paths, "teacher@margin", args.epochs))
+        if not args.no_plain:
+            rows.setdefault("teacher", []).append(run_one(seeded(config, seed), paths, "teacher", args.epochs))
         for extra in args.others:
             rows.setdefault(extra, []).append(run_one(seeded(config, seed), paths, extra, args.epochs))
         if args.student:
             from lattice.training.stages import score
 
-            for teacher, cfg, student, label in (("teacher@leaves", on, "student@leaves", "student, leaves"),
-                                                  ("teacher", config, "student", "student")):
+            pairs = [("teacher@leaves", on, "student@leaves", "student, leaves")]
+            pairs += [("teacher@margin", margin, "student@margin", "student, leaves + margin")] if args.margin else []
+            pairs += [] if args.no_plain else [("teacher", config, "student", "student")]
+            for teacher, cfg, student, label in pairs:
                 scores = score(seeded(cfg, seed), paths, teacher, "all", progress=False)
                 rows.setdefault(label, []).append(run_one(seeded(cfg, seed), paths, student, args.epochs, teacher_scores=scores))
         if seed == args.seeds[0]:  # deterministic boosters: once; the intervals are on this seed's rows
@@ -337,6 +345,8 @@ def main() -> None:
     p.add_argument("--num-trees", type=int, default=50)
     p.add_argument("--num-leaves", type=int, default=15, help="models.leaves.num_leaves (its default: 15)")
     p.add_argument("--student", action="store_true", help="also the students distilled from each teacher")
+    p.add_argument("--margin", action="store_true", help="also the teacher (and student) with models.leaves.margin")
+    p.add_argument("--no-plain", action="store_true", help="skip the teacher (and student) without leaves")
     p.add_argument("--others", default="", help="more platform models on the same rows, e.g. mmoe,separate")
     p.add_argument("--tree-threads", type=int, default=1, help="LightGBM threads of every fit")
     p.add_argument("--out", default=str(ROOT / ".lattice" / "bench" / "bench_tree_leaves.json"))

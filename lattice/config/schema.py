@@ -503,6 +503,11 @@ class TreeLeaves(Strict):
     `gbdt` baseline's size) against 31 on Bank Marketing, 3 seeds: teacher test NE 0.8242 against
     0.8286 on a random split, level on the time-ordered one; on Taobao buy it cost the teacher
     less (docs/bench/tree-leaves.md)."""
+    margin: bool = False
+    """Also start each objective's logit at its booster's raw score (the sum of its leaf values,
+    kept frozen in the model and the artifact) so the heads learn the residual on top of the
+    trees: boosting the network from the forest. Not for an objective chained by `given` (its
+    head is conditional, the booster is not)."""
 
 
 class Models(Strict):

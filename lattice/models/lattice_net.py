@@ -5,6 +5,8 @@ this class at different `ModelSize`s."""
 
 from __future__ import annotations
 
+from typing import Dict
+
 import torch
 from torch import nn
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
@@ -15,7 +17,7 @@ from lattice.data.zipper import head_key
 from lattice.models.chain import apply_chains, chained_logit, chains, conditional_rates
 from lattice.models.gemm import Linear
 from lattice.models.interaction import DomainFM, DomainUntied, WukongLayer, mlp, trunk
-from lattice.models.leaves import LeafArch, split_leaves
+from lattice.models.leaves import LeafArch, LeafMargin, split_leaves
 from lattice.models.mods import Mods
 from lattice.models.numeric import NumericEncoder
 from lattice.models.sparse import SparseArch
@@ -71,6 +73,12 @@ class LatticeNet(nn.Module):
         self.domain = nn.Embedding(n_domains, d) if use_domain else None
         # leaves: LeafForest.spec() of the tree fit whose leaf ids this model reads (lattice.models.leaves)
         self.leaves = LeafArch(leaves, d) if leaves else None
+        # models.leaves.margin: each unchained objective's logit starts at its booster's raw score
+        # (frozen) and the heads learn the residual; a chained head is conditional, the booster is not
+        given = {o.name for o in config.objectives if o.given}
+        self.margin = (LeafMargin(leaves) if leaves and config.models.leaves.margin and "values" in leaves else None)
+        self.margin_index: Dict[str, int] = ({o: i for i, o in enumerate(self.margin.objectives)
+                                              if o in self.objectives and o not in given} if self.margin is not None else {})
         self.n_sparse = self.sparse.num_tokens  # the features' keys come first in the KJT, the forests' after
         n = (self.sparse.num_tokens + (size.dense_tokens if n_dense else 0) + (1 if use_domain else 0)
              + (self.leaves.num_tokens if self.leaves is not None else 0))
@@ -110,6 +118,8 @@ class LatticeNet(nn.Module):
         """Start every head at its objective's base rate, so early steps learn structure instead
         of the (very skewed) label prior."""
         rates = conditional_rates(rates, self.chains)
+        # a head on top of the trees' margin starts at 0: the margin already holds the base rate
+        rates.update({o: 0.5 for o in self.margin_index})
         set_head_bias(self.heads, rates)
         for o, heads in (self.zipper or {}).items():  # a shorter window's rate is lower; this is a start
             set_head_bias(nn.ModuleDict({str(k): h for k, h in enumerate(heads)}), {str(k): rates.get(o, 0.5) for k in range(len(heads))})
@@ -151,6 +161,10 @@ class LatticeNet(nn.Module):
             # the expert mix is not an FP8 site: a (1, E) x (E, H) product per example (gemm.py)
             inputs = {o: torch.einsum("be,beh->bh", torch.softmax(self.gates[o](flat), -1), e) for o in self.heads}
         out = {o: head(inputs[o]).squeeze(-1) for o, head in self.heads.items()}  # objective -> (B,) logits
+        if self.margin is not None:
+            margins = self.margin(split_leaves(sparse, self.n_sparse, self.leaves)[1])  # (B, O)
+            for o, i in self.margin_index.items():
+                out[o] = out[o] + margins[:, i]
         out = apply_chains(out, self.chains)
         if self.training and self.zipper is not None:
             out.update(self.zipper_logits(inputs, out))

@@ -44,6 +44,32 @@ class LeafArch(nn.Module):
         return torch.stack([pooled[k] for k in self.keys], dim=1)  # (B, O, D)
 
 
+class LeafMargin(nn.Module):
+    """KJT of the forests' keys -> (B, O) raw scores: each forest's leaf values summed over its
+    trees, which is the booster's own margin (LightGBM folds the base score into the first tree's
+    leaves). Frozen (a buffer): the network's head learns the residual on top of the trees
+    (`models.leaves.margin`). One `embedding_bag` over the O x B bags, so the same code runs in
+    training, under the planner (nothing to shard) and in the exported artifact. `spec`:
+    LeafForest.spec() with `values`."""
+
+    def __init__(self, spec: dict):
+        super().__init__()
+        self.objectives: List[str] = sorted(spec["trees"])
+        tables = [torch.as_tensor(spec["values"][o], dtype=torch.float32) for o in self.objectives]
+        self.n_keys = len(tables)
+        rows = torch.tensor([int(t.numel()) for t in tables], dtype=torch.int64)
+        self.register_buffer("values", torch.cat(tables).unsqueeze(1))  # (rows, 1)
+        self.register_buffer("starts", torch.cumsum(rows, 0) - rows)
+
+    def forward(self, kjt: KeyedJaggedTensor) -> torch.Tensor:
+        values, lengths = kjt.values(), kjt.lengths()
+        per_key = lengths.view(self.n_keys, -1).sum(1)  # leaf ids of each forest
+        ids = values + torch.repeat_interleave(self.starts, per_key)
+        offsets = torch.cat([torch.zeros(1, dtype=lengths.dtype), torch.cumsum(lengths, 0)])
+        pooled = torch.embedding_bag(self.values, ids, offsets, False, 0, False, None, True)[0]  # (O*B, 1)
+        return pooled.view(self.n_keys, -1).transpose(0, 1)  # (B, O)
+
+
 def split_leaves(sparse: KeyedJaggedTensor, n_features: int, arch: LeafArch) -> tuple[KeyedJaggedTensor, KeyedJaggedTensor]:
     """The batch's KJT -> (the features' keys, the forests' keys)."""
     if isinstance(sparse, KeyedJaggedTensor) and sparse.keys()[n_features:] != arch.keys:  # eager only

@@ -55,6 +55,7 @@ class LeafForest:
         self._single: dict[str, SingleRowLeaves] = {}
         self.features = TreeFeatures([c.column for c in self.stats.columns], self.sparse, self.with_domain)
         self._offsets: dict[str, np.ndarray] = {}  # objective -> t * num_leaves per tree
+        self._values: dict[str, list[float]] = {}  # objective -> leaf_values
 
     # ------------------------------------------------------------ loading
     @classmethod
@@ -107,8 +108,22 @@ class LeafForest:
         return cls.from_blob(json.loads(text))
 
     def spec(self) -> dict:
-        """What the model builder needs: objective -> trees, and leaves per tree."""
-        return {"trees": dict(self.fit["trees"]), "num_leaves": self.num_leaves}
+        """What the model builder needs: objective -> trees, leaves per tree, and per objective the
+        leaf values in the forest's table order (`t * num_leaves + leaf`; rows of leaves a tree
+        did not grow are 0) for `models.leaves.margin`."""
+        return {"trees": dict(self.fit["trees"]), "num_leaves": self.num_leaves,
+                "values": {o: self.leaf_values(o) for o in self.fit["trees"]}}
+
+    def leaf_values(self, objective: str) -> list[float]:
+        """The booster's leaf outputs as one table of `trees * num_leaves` rows."""
+        if objective not in self._values:
+            booster = self.booster(objective)
+            out = np.zeros(int(self.fit["trees"][objective]) * self.num_leaves, dtype=np.float64)
+            for t, tree in enumerate(booster.dump_model()["tree_info"][: int(self.fit["trees"][objective])]):
+                for leaf in range(int(tree["num_leaves"])):
+                    out[t * self.num_leaves + leaf] = booster.get_leaf_output(t, leaf)
+            self._values[objective] = out.tolist()
+        return self._values[objective]
 
     # ------------------------------------------------------------ scoring
     def booster(self, objective: str) -> lgb.Booster:
@@ -123,7 +138,7 @@ class LeafForest:
 
     def __getstate__(self) -> dict:  # worker processes load their own boosters
         state = dict(self.__dict__)
-        state["_lgb"], state["_single"] = {}, {}
+        state["_lgb"], state["_single"], state["_values"] = {}, {}, {}
         return state
 
     def matrix(self, dense_raw: dict[str, np.ndarray], ids: dict[str, tuple[np.ndarray, np.ndarray]],

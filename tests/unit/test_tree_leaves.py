@@ -87,9 +87,10 @@ def test_leaf_ids_are_lightgbms_own_pred_leaf(fitted) -> None:
         np.testing.assert_array_equal(got, booster.predict(x, pred_leaf=True))
 
 
-def _leaves_on(cfg: PlatformConfig, models: list[str]) -> PlatformConfig:
+def _leaves_on(cfg: PlatformConfig, models: list[str], margin: bool = False) -> PlatformConfig:
     m = cfg.models
-    return cfg.model_copy(update={"models": m.model_copy(update={"leaves": m.leaves.model_copy(update={"models": models})})})
+    leaves = m.leaves.model_copy(update={"models": models, "margin": margin})
+    return cfg.model_copy(update={"models": m.model_copy(update={"leaves": leaves})})
 
 
 def _reference_leaves(cfg: PlatformConfig, paths: Paths) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
@@ -175,7 +176,8 @@ def test_a_teacher_with_leaves_trains_carries_its_fit_and_scores_with_it(fitted,
         saved.model(*batch_from_frame(saved.config, saved.stats, frame).inputs())
 
 
-def test_the_exported_artifact_scores_a_raw_request_as_training_code_does(fitted) -> None:
+@pytest.mark.parametrize("margin", [False, True])
+def test_the_exported_artifact_scores_a_raw_request_as_training_code_does(fitted, margin) -> None:
     """LightGBM in the predictor, beside the TorchScript module: raw rows in, the same leaf ids and
     the same probabilities as the training-time model on the training-time batch."""
     import pandas as pd
@@ -190,7 +192,7 @@ def test_the_exported_artifact_scores_a_raw_request_as_training_code_does(fitted
     from lattice.trees.leaves import TREES_FILE
 
     cfg, paths, manifest, _ = fitted
-    cfg = _leaves_on(cfg, ["student"])
+    cfg = _leaves_on(cfg, ["student"], margin=margin)
     train(cfg, paths, model="student", nproc=1, epochs=1, progress=False)
     summary = export_model(cfg, paths, "student")
     art = Path(summary["artifact"])
@@ -214,6 +216,51 @@ def test_the_exported_artifact_scores_a_raw_request_as_training_code_does(fitted
     for o in want:
         np.testing.assert_allclose(got[o], want[o], rtol=0, atol=1e-6)
     assert summary["max_abs_diff"] <= 1e-6
+
+
+def test_the_margin_is_the_boosters_raw_score_and_the_heads_start_on_it(fitted) -> None:
+    """models.leaves.margin: the frozen leaf-value table summed over a row's leaf ids is LightGBM's
+    own raw score; before any training the unchained objective's logit is that score plus the
+    head's small initial output; a chained objective (conversion given click) takes no margin."""
+    import torch
+
+    from lattice.data.loader import BatchLoader, find_table, fit_dense_stats
+    from lattice.models.build import build_model
+    from lattice.models.leaves import LeafMargin, split_leaves
+    from lattice.trees.leaves import LeafForest
+
+    cfg, paths, manifest, _ = fitted
+    cfg = _leaves_on(cfg, ["teacher"], margin=True)
+    ref, row = _reference_leaves(cfg, paths)
+    forest = LeafForest.load(paths.trees)
+    table = find_table(paths)
+    stats = fit_dense_stats(cfg, table)
+    batch = next(iter(BatchLoader(cfg, table, stats, "test", batch_size=256, num_workers=0, leaves=forest)))
+    n_dense = batch.dense.shape[1]
+    model = build_model(cfg, "teacher", n_dense, leaves=forest.spec()).eval()
+    model.set_output_bias({o: 0.1 for o in cfg.objective_names})
+    assert set(model.margin_index) == set(forest.boosters) == {"click", "conversion"}
+    # a chained objective's head is conditional on its `given`: the unconditional booster is not added
+    chained = cfg.model_copy(update={"objectives": [o.model_copy(update={"given": "click"}) if o.name == "conversion" else o
+                                                    for o in cfg.objectives]})
+    assert set(build_model(chained, "teacher", n_dense, leaves=forest.spec()).margin_index) == {"click"}
+    margins = model.margin(split_leaves(batch.sparse, model.n_sparse, model.leaves)[1])  # (B, O)
+    # LightGBM's raw score on the same rows, from the matrix the fit built
+    stats_t = DenseStats.load(paths.trees / "dense_stats.json")
+    from lattice.data.loader import find_table as ft
+    arrs, split = read_rows(cfg, ft(paths), stats_t)
+    features = TreeFeatures.fit(cfg, [c.column for c in stats_t.columns], arrs, split == "train",
+                                cfg.models.baselines.trees.max_categories, with_domain=True)
+    x = features.matrix(arrs)[[row[e] for e in batch.example_ids]]
+    for i, o in enumerate(model.margin.objectives):
+        want = forest.booster(o).predict(x, raw_score=True)
+        np.testing.assert_allclose(margins[:, i].numpy(), want, rtol=0, atol=1e-5)
+    with torch.no_grad():
+        out = model(*batch.inputs())
+        heads = {o: h for o, h in model.heads.items()}
+    for o, i in model.margin_index.items():
+        assert float(heads[o][-1].bias) == 0.0  # the margin carries the base rate
+        assert float((out[o] - margins[:, i]).abs().mean()) < 0.5  # the head's residual starts small
 
 
 def test_leaves_feed_the_teacher_and_the_student_only() -> None:
