@@ -84,6 +84,10 @@ def build_config(args, seed: int, shock: bool, base: Path):
                             min_positives=args.min_positives, periods=args.periods,
                             confidence=args.cal_confidence)]}),
     })
+    floors = {k: v for k, v in (("max_ne", args.first_max_ne), ("min_auc", args.first_min_auc)) if v is not None}
+    if floors:
+        p = cfg.promotion
+        cfg = cfg.model_copy(update={"promotion": p.model_copy(update={"floors": p.floors.model_copy(update=floors)})})
     return cfg
 
 
@@ -386,7 +390,11 @@ class Serving:
         args, cfg = self.args, self.cfg
         date = str(day(cfg, k))
         if k == args.first - 2:  # the first window's champion (test day k)
-            r = train_round(cfg, self.paths, end=date, first=True, scratch=False)
+            first_cfg = cfg
+            if args.first_calibration:  # the first model's gate only: later gates keep the config's bounds
+                low, high = (float(x) for x in args.first_calibration.split(","))
+                first_cfg = cfg.model_copy(update={"promotion": cfg.promotion.model_copy(update={"calibration": (low, high)})})
+            r = train_round(first_cfg, self.paths, end=date, first=True, scratch=False)
             self.served = r["gate"]["passed"]
             self.version = r["gate"]["champion_after"]
             self.report["retrains"].append({"after_day": date, "why": "first window", **r["gate"]})
@@ -486,6 +494,13 @@ def main() -> None:
     ap.add_argument("--cal-high", type=float, default=1.1)
     ap.add_argument("--min-positives", type=int, default=100)
     ap.add_argument("--periods", type=int, default=1)
+    ap.add_argument("--first-max-ne", type=float, default=None,
+                    help="promotion.floors.max_ne (the first model's gate only; default: the config's)")
+    ap.add_argument("--first-min-auc", type=float, default=None,
+                    help="promotion.floors.min_auc (the first model's gate only): a market whose first window's "
+                         "conversion cells have a handful of positives can fail the floors, and (C) then serves nothing")
+    ap.add_argument("--first-calibration", default=None, metavar="LOW,HIGH",
+                    help="promotion.calibration for the first model's gate only, e.g. 0.2,5")
     ap.add_argument("--cal-confidence", type=float, default=0.95,
                     help="the calibration rule's interval (0: the point estimate alone, the rule before it)")
     ap.add_argument("--json", default=None)

@@ -150,10 +150,10 @@ def shipped(name: str, workdir: Path, reuse: bool, demo_rows: int, overrides: li
 # ---------------------------------------------------------------- models
 
 
-def with_leaves(config, models: list[str], num_trees: int, num_leaves: int, margin: bool = False):
+def with_leaves(config, models: list[str], num_trees: int, num_leaves: int, margin: tuple[str, ...] = ()):
     m = config.models
     leaves = m.leaves.model_copy(update={"models": models, "num_trees": num_trees, "num_leaves": num_leaves,
-                                         "margin": margin})
+                                         "margin": list(margin)})
     return config.model_copy(update={"models": m.model_copy(update={"leaves": leaves})})
 
 
@@ -212,8 +212,9 @@ def leaf_latency(config, paths, reps: int = 2000) -> dict:
     return out
 
 
-def export_latency(config, paths, rounds: int = 3, iterations: int = 1000) -> dict:
-    """The exported student without and with leaves, in alternation: single-request latency
+def export_latency(config, paths, rounds: int = 3, iterations: int = 1000, margin: bool = False) -> dict:
+    """The exported student without and with leaves (and with `margin`, with leaves and the
+    trees' margin), in alternation: single-request latency
     through `Predictor.predict_table` (lattice.export.window.latency_ms: wall and CPU time, 1
     torch thread), as serving runs it."""
     from lattice.export.predictor import Predictor
@@ -223,7 +224,7 @@ def export_latency(config, paths, rounds: int = 3, iterations: int = 1000) -> di
     out: dict[str, list[dict]] = {}
     window = load_window(config, paths, "test", max_rows=4096)
     for _ in range(rounds):
-        for m in ("student", "student@leaves"):
+        for m in ("student", "student@leaves") + (("student@margin",) if margin else ()):
             s = export_model(config, paths, m)
             predictor = Predictor.load(Path(s["artifact"]))
             lat = latency_ms(predictor, window, iterations=iterations)
@@ -286,7 +287,9 @@ def run_dataset(name: str, args) -> dict:
     trees = m.baselines.trees.model_copy(update={"num_threads": args.tree_threads})
     config = config.model_copy(update={"models": m.model_copy(update={"baselines": m.baselines.model_copy(update={"trees": trees})})})
     on = with_leaves(config, ["teacher", "student"], args.num_trees, args.num_leaves)
-    margin = with_leaves(config, ["teacher", "student"], args.num_trees, args.num_leaves, margin=True)
+    margin = with_leaves(config, ["teacher", "student"], args.num_trees, args.num_leaves, margin=("teacher", "student"))
+    # the student alone on the margin, distilled from the teacher with leaves (no margin)
+    student_margin = with_leaves(config, ["teacher", "student"], args.num_trees, args.num_leaves, margin=("student",))
     t = time.perf_counter()
     manifest = fit_trees(on, paths)
     print(f"[{name}] trees fit {time.perf_counter() - t:.0f}s: " + ", ".join(
@@ -312,7 +315,9 @@ def run_dataset(name: str, args) -> dict:
             from lattice.training.stages import score
 
             pairs = [("teacher@leaves", on, "student@leaves", "student, leaves")]
-            pairs += [("teacher@margin", margin, "student@margin", "student, leaves + margin")] if args.margin else []
+            pairs += [("teacher@margin", margin, "student@margin", "student, leaves + margin"),
+                      ("teacher@leaves", student_margin, "student@smargin", "student + margin, from teacher, leaves")
+                      ] if args.margin else []
             pairs += [] if args.no_plain else [("teacher", config, "student", "student")]
             for teacher, cfg, student, label in pairs:
                 scores = score(seeded(cfg, seed), paths, teacher, "all", progress=False)
@@ -325,7 +330,7 @@ def run_dataset(name: str, args) -> dict:
           f"leaves {args.num_trees} trees x {args.num_leaves} leaves)\n" + table(config, rows) + "\n", flush=True)
     print(summary(config, rows) + "\n", flush=True)
     if args.export_latency and args.student:
-        found["export_latency"] = export_latency(config, paths)
+        found["export_latency"] = export_latency(config, paths, margin=args.margin)
     print(f"paired intervals on seed {args.seeds[0]}'s test rows:\n" + versus_lines(found), flush=True)
     for runs in rows.values():
         for r in runs:

@@ -49,10 +49,10 @@ def build_model(config: PlatformConfig, kind: str, n_dense: int, *, fitted: dict
     m = config.models
     if leaves and kind not in ("teacher", "student"):
         raise ValueError(f"leaf ids feed the teacher and the student only (models.leaves.models), not {kind!r}")
-    if kind == "teacher":
-        model = LatticeNet(config, m.teacher, n_dense, fitted=fitted, leaves=leaves)
-    elif kind == "student":
-        model = LatticeNet(config, m.student, n_dense, fitted=fitted, leaves=leaves)
+    if kind in ("teacher", "student"):
+        margin = kind in m.leaves.margin  # the trees' raw score under this network's logits
+        model = LatticeNet(config, m.teacher if kind == "teacher" else m.student, n_dense, fitted=fitted, leaves=leaves,
+                           margin=margin)
     elif kind == "separate":
         model = SeparateModels(config, m.baselines.size, n_dense, fitted=fitted)
     elif kind == "pooled":

@@ -62,7 +62,7 @@ class DenseArch(nn.Module):
 class LatticeNet(nn.Module):
     def __init__(self, config: PlatformConfig, size: ModelSize, n_dense: int, objectives: list[str] | None = None,
                  domain_token: bool | None = None, domain_untied: bool | None = None, fitted: dict | None = None,
-                 leaves: dict | None = None):
+                 leaves: dict | None = None, margin: bool = False):
         super().__init__()
         self.objectives = list(objectives or config.objective_names)
         d = size.embedding_dim
@@ -73,10 +73,10 @@ class LatticeNet(nn.Module):
         self.domain = nn.Embedding(n_domains, d) if use_domain else None
         # leaves: LeafForest.spec() of the tree fit whose leaf ids this model reads (lattice.models.leaves)
         self.leaves = LeafArch(leaves, d) if leaves else None
-        # models.leaves.margin: each unchained objective's logit starts at its booster's raw score
+        # margin (models.leaves.margin): each unchained objective's logit starts at its booster's raw score
         # (frozen) and the heads learn the residual; a chained head is conditional, the booster is not
         given = {o.name for o in config.objectives if o.given}
-        self.margin = (LeafMargin(leaves) if leaves and config.models.leaves.margin and "values" in leaves else None)
+        self.margin = LeafMargin(leaves) if leaves and margin and "values" in leaves else None
         self.margin_index: Dict[str, int] = ({o: i for i, o in enumerate(self.margin.objectives)
                                               if o in self.objectives and o not in given} if self.margin is not None else {})
         self.n_sparse = self.sparse.num_tokens  # the features' keys come first in the KJT, the forests' after
@@ -125,10 +125,10 @@ class LatticeNet(nn.Module):
             set_head_bias(nn.ModuleDict({str(k): h for k, h in enumerate(heads)}), {str(k): rates.get(o, 0.5) for k in range(len(heads))})
 
     def tokens(self, dense: torch.Tensor, sparse: KeyedJaggedTensor, domain: torch.Tensor,
-               code: torch.Tensor | None = None) -> torch.Tensor:
-        """`code`: the dense columns already encoded (DenseArch.code), when the caller has them."""
-        leaf_kjt = None
-        if self.leaves is not None:
+               code: torch.Tensor | None = None, leaf_kjt: KeyedJaggedTensor | None = None) -> torch.Tensor:
+        """`code`: the dense columns already encoded (DenseArch.code), when the caller has them;
+        `leaf_kjt`: the forests' keys already split from `sparse` (which then holds the features' only)."""
+        if self.leaves is not None and leaf_kjt is None:
             sparse, leaf_kjt = split_leaves(sparse, self.n_sparse, self.leaves)
         parts = [self.sparse(sparse)]  # (B, F, D)
         if self.dense is not None:
@@ -141,7 +141,10 @@ class LatticeNet(nn.Module):
 
     def forward(self, dense: torch.Tensor, sparse: KeyedJaggedTensor, domain: torch.Tensor) -> dict[str, torch.Tensor]:
         code = self.dense.code(dense) if self.dense_context else None  # encoded once, for both uses
-        x = self.tokens(dense, sparse, domain, code)
+        leaf_kjt = None
+        if self.leaves is not None:  # split once: the leaf tokens and the trees' margin both read it
+            sparse, leaf_kjt = split_leaves(sparse, self.n_sparse, self.leaves)
+        x = self.tokens(dense, sparse, domain, code, leaf_kjt)
         # heads read every layer's tokens (Lattice's extended context: DenseNet-style residuals),
         # so low-order signals in the inputs reach them without passing every interaction layer
         context = [x.flatten(1)]
@@ -162,7 +165,7 @@ class LatticeNet(nn.Module):
             inputs = {o: torch.einsum("be,beh->bh", torch.softmax(self.gates[o](flat), -1), e) for o in self.heads}
         out = {o: head(inputs[o]).squeeze(-1) for o, head in self.heads.items()}  # objective -> (B,) logits
         if self.margin is not None:
-            margins = self.margin(split_leaves(sparse, self.n_sparse, self.leaves)[1])  # (B, O)
+            margins = self.margin(leaf_kjt)  # (B, O)
             for o, i in self.margin_index.items():
                 out[o] = out[o] + margins[:, i]
         out = apply_chains(out, self.chains)

@@ -53,6 +53,8 @@ def blob_config(blob: dict) -> PlatformConfig:
     for size in (models.get("teacher"), models.get("student"), (models.get("baselines") or {}).get("size")):
         if isinstance(size, dict):
             size.setdefault("dense_tokens", DENSE_TOKENS)
+    if isinstance(models.get("leaves"), dict):  # saved before models.leaves.margin: trained without it
+        models["leaves"].setdefault("margin", [])
     return PlatformConfig.model_validate(cfg)
 
 

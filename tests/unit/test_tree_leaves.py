@@ -89,7 +89,7 @@ def test_leaf_ids_are_lightgbms_own_pred_leaf(fitted) -> None:
 
 def _leaves_on(cfg: PlatformConfig, models: list[str], margin: bool = False) -> PlatformConfig:
     m = cfg.models
-    leaves = m.leaves.model_copy(update={"models": models, "margin": margin})
+    leaves = m.leaves.model_copy(update={"models": models, "margin": models if margin else []})
     return cfg.model_copy(update={"models": m.model_copy(update={"leaves": leaves})})
 
 
@@ -363,3 +363,15 @@ def test_the_row_encoder_shares_the_dense_block_only_when_the_transform_is_the_s
         for i in range(0, 50, 7):  # one row at a time, as serving encodes
             np.testing.assert_array_equal(same.encode(tbl.slice(i, 1), {})[k], a[k][i:i + 1])
             np.testing.assert_array_equal(other.encode(tbl.slice(i, 1), {})[k], a[k][i:i + 1])
+
+
+def test_a_student_saved_before_the_margin_existed_rebuilds_without_it(tmp_path) -> None:
+    """The default puts the trees' margin under the student; a model saved before that key
+    existed was trained without it, and its saved config must say so."""
+    from lattice.models.saved import blob_config
+
+    cfg = _leaves_on(_config(tmp_path / "raw"), ["student"])
+    old = cfg.model_dump(mode="json")
+    del old["models"]["leaves"]["margin"]
+    assert blob_config({"config": old}).models.leaves.margin == []
+    assert PlatformConfig.model_validate(old).models.leaves.margin == ["student"]  # a new config: the default
