@@ -471,8 +471,53 @@ class Serving:
                   f"{(retrain['after_day'] + ', trained ' + ','.join(retrain['trained']) + (', promoted v' + str(retrain['champion_after']) if retrain['passed'] else ', rejected')) if retrain else 'none'}; "
                   f"calibration back in [0.95, 1.05] on: {back}")
         print(f"false alarms (trips before the shock / on a shock-free market): {len(false)} over {out['shock_free_days']} monitored shock-free days {false or ''}")
+        out["truth"] = truth_verdicts(self.paths.workdir, self.report, args.cal_low, args.cal_high)
+        print_truth(out["truth"], args.cal_low, args.cal_high)
         self.report["summary"] = out
         return out
+
+
+def true_calibration(serve: Path, date: str) -> dict[str, float]:
+    """Per click cell, the served model's calibration against the market's truth on day `date`:
+    sum of the served p / sum of the true p over the day's impressions (`scored/`, joined on
+    example_id with the consolidated rows' `truth_click`). Unlike the monitor's ratio (sum p / sum
+    of labels) it has almost no sampling noise, so it tells a real miscalibration from noise."""
+    import pandas as pd
+
+    files = sorted((serve / "scored").glob(f"{date}-*.parquet"))
+    folder = serve / "consolidated" / f"date={date}"
+    if not files or not folder.exists():
+        return {}
+    scored = pd.concat([pd.read_parquet(f, columns=["example_id", "domain", "p_click"]) for f in files])
+    truth = pd.read_parquet(folder, columns=["example_id", "truth_click"])
+    j = scored.merge(truth, on="example_id")
+    return {f"{d}/click": float(g["p_click"].sum() / g["truth_click"].sum()) for d, g in j.groupby("domain") if g["truth_click"].sum() > 0}
+
+
+def truth_verdicts(serve: Path, report_c: dict, low: float, high: float) -> dict:
+    """Each trip judged against the truth (`real`: the served model's true calibration is outside
+    [low, high] that day; `noise` otherwise), and the misses: days a click cell's true calibration
+    was outside with no trip."""
+    days = report_c["days"]
+    true = {d: true_calibration(serve, d) for d, r in sorted(days.items()) if "calibration" in r}
+    trips = [(d, t["cell"]) for d, r in sorted(days.items()) for t in r.get("tripped", [])]
+    verdict = [(d, c, round(true.get(d, {}).get(c, float("nan")), 3),
+                "real" if not low <= true.get(d, {}).get(c, 1.0) <= high else "noise") for d, c in trips]
+    tripped = set(trips)
+    misses = [(d, c, round(v, 3)) for d, cells in true.items() for c, v in sorted(cells.items())
+              if not low <= v <= high and (d, c) not in tripped]
+    return {"true_calibration": true, "trips": verdict, "misses": misses}
+
+
+def print_truth(t: dict, low: float, high: float) -> None:
+    cells = sorted({c for v in t["true_calibration"].values() for c in v})
+    print(f"\nthe served model's calibration against the market's truth (sum p / sum true p; outside [{low}, {high}] in bold)\n")
+    print("| day | " + " | ".join(cells) + " |")
+    print("|---|" + "---|" * len(cells))
+    for d, v in t["true_calibration"].items():
+        print(f"| {d} | " + " | ".join((f"**{v[c]:.3f}**" if not low <= v[c] <= high else f"{v[c]:.3f}") if c in v else "-"
+                                       for c in cells) + " |")
+    print(f"trips against the truth: {t['trips'] or 'none'}; missed (true calibration outside, no trip): {t['misses'] or 'none'}")
 
 
 def main() -> None:
@@ -501,12 +546,21 @@ def main() -> None:
                          "conversion cells have a handful of positives can fail the floors, and (C) then serves nothing")
     ap.add_argument("--first-calibration", default=None, metavar="LOW,HIGH",
                     help="promotion.calibration for the first model's gate only, e.g. 0.2,5")
+    ap.add_argument("--truth-of", default=None, metavar="WORKDIR",
+                    help="no run: judge the trips of a finished (C) against the market's truth, from its kept "
+                         "workdir (the `workdir` line it printed) and its --json file")
     ap.add_argument("--cal-confidence", type=float, default=0.95,
                     help="the calibration rule's interval (0: the point estimate alone, the rule before it)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--warmup-in-one-run", action="store_true",
                     help="days 1..first-2 (before anything is trained, judged or served) in one features run over their interval")
     args = ap.parse_args()
+    if args.truth_of:
+        report_c = json.loads(Path(args.json).read_text())["C"]
+        low, high = report_c.get("cal", (args.cal_low, args.cal_high))
+        t = truth_verdicts(Path(args.truth_of) / "serve", report_c, low, high)
+        print_truth(t, low, high)
+        return
     os.environ.setdefault("LATTICE_SPARK_MEMORY", "2g")
     logging.getLogger().setLevel(logging.WARNING)
     parts = set(args.parts.split(","))
