@@ -50,6 +50,12 @@ class CalibrationRule(_Strict):
     probabilities, as the gate's) lies wholly outside [low, high]: with 100-300 positives a day
     the ratio moves by ±10-20% on noise alone, which a plain band reads as drift. 0 compares the
     point estimate alone."""
+    pooled: bool = False
+    """Judge the sums pooled over the last `periods` consecutive periods (one interval over all
+    their labels; `min_positives` then applies to the pooled count) instead of each period on its
+    own. A cell with about 100 positives a day cannot show a steady 20% miscalibration in one day's
+    interval; three days of them can (docs/monitoring.md). Pooled, `periods` is the window, e.g.
+    3: the series restarts with each model version, so a long window never fills after a retrain."""
 
     @model_validator(mode="after")
     def _ordered(self) -> "CalibrationRule":

@@ -76,7 +76,42 @@ def calibration_bounds(rule: CalibrationRule, s: pd.DataFrame) -> tuple[pd.Serie
             pd.Series([b for _, b in pairs], index=s.index, dtype=float))
 
 
+def _pooled_calibration(index: int, rule: CalibrationRule, cells: pd.DataFrame, period: str) -> list[dict]:
+    """`rule.pooled`: one interval over the sums of the last `periods` consecutive periods."""
+    out = []
+    z = NormalDist().inv_cdf(0.5 + rule.confidence / 2) if rule.confidence > 0 else 0.0
+    for (domain, objective), series in cells.groupby(["domain", "objective"], sort=True):
+        s = _latest_version(series)
+        s = s[(s["positives"] > 0) & s["calibration"].notna()]
+        tail = _tail(s, rule.periods, period)
+        if tail is None:
+            continue
+        positives = float(tail["positives"].sum())
+        if positives < rule.min_positives:
+            continue
+        nan = pd.Series(float("nan"), index=tail.index)
+        expected_each = tail.get("expected_positives", nan).fillna(tail["calibration"] * tail["positives"])
+        expected, variance = float(expected_each.sum()), float(tail.get("positives_variance", nan).sum(min_count=len(tail)))
+        cal = expected / positives
+        low, high = calibration_interval(cal, expected, positives, variance, z)
+        key = {"key": f"{index}:{rule.kind}:{domain}:{objective}", "model_version": int(tail["model_version"].iloc[-1])}
+        if not (high < rule.low or low > rule.high):
+            out.append(key)
+            continue
+        f = _finding(index, rule, {"domain": domain, "objective": objective}, tail, "calibration",
+                     {"low": rule.low, "high": rule.high, "min_positives": rule.min_positives,
+                      "confidence": rule.confidence, "pooled": True},
+                     f"calibration over the last {rule.periods} period(s) pooled ({cal:.3f} over {positives:.0f} positives) "
+                     f"outside [{rule.low}, {rule.high}]" + (f" beyond noise ({100 * rule.confidence:g}% interval)" if z else ""))
+        f["figures"]["pooled"] = {"calibration": round(cal, 6), "positives": int(positives),
+                                  "interval": [round(float(low), 6), round(float(high), 6)]}
+        out.append(f)
+    return out
+
+
 def _calibration(index: int, rule: CalibrationRule, cells: pd.DataFrame, period: str) -> list[dict]:
+    if rule.pooled:
+        return _pooled_calibration(index, rule, cells, period)
     out = []
     beyond = f" beyond noise ({100 * rule.confidence:g}% interval)" if rule.confidence > 0 else ""
     for (domain, objective), series in cells.groupby(["domain", "objective"], sort=True):

@@ -80,6 +80,29 @@ def test_calibration_outside_the_bounds_by_noise_alone_does_not_trip():
     assert low < 0.7 < high < 0.9 and found[0]["bounds"]["confidence"] == 0.95
 
 
+def test_pooled_calibration_sees_a_steady_miscalibration_no_single_day_shows():
+    # 115 positives a day at 1.2 for 7 days: no day's own interval is outside [0.9, 1.1], the
+    # week's pooled one (805 positives) is
+    steady = _with_sums(_cells([1.2] * 7, positives=115))
+    daily = CalibrationRule(kind="calibration", low=0.9, high=1.1, min_positives=100, periods=1)
+    assert check([daily], steady, NONE)[0] == []
+    weekly = CalibrationRule(kind="calibration", low=0.9, high=1.1, min_positives=300, periods=7, pooled=True)
+    found = check([weekly], steady, NONE)[0]
+    assert len(found) == 1 and found[0]["figures"]["pooled"]["positives"] == 805
+    low, high = found[0]["figures"]["pooled"]["interval"]
+    assert 1.1 < low < 1.2 < high and "pooled" in found[0]["reason"]
+    # a calibrated week with the same noise, its mirror in level, and too short a history: no trip
+    assert check([weekly], _with_sums(_cells([1.05, 0.95] * 3 + [1.0], positives=115)), NONE)[0] == []
+    assert check([weekly], _with_sums(_cells([1.2] * 6, positives=115)), NONE)[0] == []
+    # min_positives applies to the pooled count: 7 days of 30 positives at 0.6 are 210 < 300
+    few = _with_sums(_cells([0.6] * 7, positives=30))
+    assert check([weekly], few, NONE)[0] == []
+    assert len(check([weekly.model_copy(update={"min_positives": 200})], few, NONE)[0]) == 1
+    # the cell within bounds again counts as healthy (it clears a finding's memory)
+    healthy = check([weekly], _with_sums(_cells([1.0] * 7, positives=115)), NONE)[1]
+    assert healthy == [{"key": "0:calibration:feed:click", "model_version": 1}]
+
+
 @pytest.mark.parametrize("series, trips", [([0.05, 0.3], True), ([0.3, 0.05], False), ([0.1, 0.19], False)])
 def test_drift_rule(series, trips):
     rule = DriftRule(kind="drift", feature="price", max_psi=0.2)
