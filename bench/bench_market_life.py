@@ -78,7 +78,8 @@ def build_config(args, seed: int, shock: bool, base: Path):
         "synthetic": cfg.synthetic.model_copy(update={
             "days": args.days, "seed": seed, "market": market.model_copy(update={"shock": sh})}),
         "training": cfg.training.model_copy(update={"window": args.window, "epochs": args.epochs, "nproc": 1,
-                                                    "label_delay": args.label_delay}),
+                                                    "label_delay": args.label_delay,
+                                                    "window_validation": args.window_validation}),
         "monitoring": cfg.monitoring.model_copy(update={"rules": [
             CalibrationRule(kind="calibration", low=args.cal_low, high=args.cal_high,
                             min_positives=args.min_positives, periods=args.periods,
@@ -473,6 +474,12 @@ class Serving:
         print(f"false alarms (trips before the shock / on a shock-free market): {len(false)} over {out['shock_free_days']} monitored shock-free days {false or ''}")
         out["truth"] = truth_verdicts(self.paths.workdir, self.report, args.cal_low, args.cal_high)
         print_truth(out["truth"], args.cal_low, args.cal_high)
+        if out.get("after_retrain"):  # the same question without the labels' sampling noise
+            true = out["truth"]["true_calibration"]
+            out["after_retrain_truth"] = [(d, round(true.get(d, {}).get(out["shocked_cell"], float("nan")), 3)) for d, _ in out["after_retrain"]]
+            out["back_in_bounds_by_truth_on"] = next((d for d, v in out["after_retrain_truth"] if 0.95 <= v <= 1.05), None)
+            print(f"{out['shocked_cell']} after the retrain against the truth: {out['after_retrain_truth']}; "
+                  f"back in [0.95, 1.05] on {out['back_in_bounds_by_truth_on']}")
         self.report["summary"] = out
         return out
 
@@ -527,6 +534,9 @@ def main() -> None:
     ap.add_argument("--window", default="4d")
     ap.add_argument("--first", type=int, default=8, help="first judged day (1-based): the first window's model is judged the day before")
     ap.add_argument("--epochs", type=int, default=1)
+    ap.add_argument("--window-validation", type=float, default=1.0,
+                    help="training.window_validation: the share of the window's newest day held out for validation "
+                         "(the rest trains); 1 holds out the whole day")
     ap.add_argument("--label-delay", default="naive", choices=["naive", "mask"],
                     help="training.label_delay; mask needs a window longer than the 7d attribution window (else no "
                          "conversion label of a train day is known at the cutoff and the conversion heads never train)")

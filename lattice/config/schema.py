@@ -716,6 +716,11 @@ class Training(Strict):
     (the `end` stage keyword; default the table's latest event date + 1 day): the window's newest
     day is the validation split, the day after the window the test split (next-day judgment),
     whatever `split.kind` says. Unset: the whole table, split by `split` (see docs/living-over-days.md)."""
+    window_validation: float = Field(default=1.0, gt=0, le=1)
+    """With `window`: the share of the window's newest day held out for validation (a hash of the
+    example id); the rest of that day trains. 1 holds out the whole day. Below 1 a run learns from
+    the day just before its test day, so a retrain a shock started learns the shock a day sooner;
+    early stopping and the calibration maps then see fewer rows. See docs/living-over-days.md."""
     warm_start: Literal["none", "last", "champion"] = "none"
     """`last`: continue from the previous model of the same name (its weights, embedding tables,
     optimizer state, dense statistics and id maps) on the window's days it has not trained on;
@@ -730,6 +735,13 @@ class Training(Strict):
     """Warm start: the share of the window's older training days (those the parent already
     trained on) replayed beside the new days, chosen by a hash of the example id (the same rows
     every run)."""
+
+    @model_validator(mode="after")
+    def _window_validation(self) -> "Training":
+        if self.window_validation < 1 and self.window is None:
+            raise ValueError(f"training.window_validation {self.window_validation} holds out a share of a window's newest "
+                             "day, and training.window is unset: set training.window (e.g. '14d') or remove window_validation")
+        return self
 
 
 class Distillation(Strict):

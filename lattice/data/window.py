@@ -9,6 +9,11 @@ run (trainer, scorer, gate) takes the same rows; it overrides the stored `split`
 
 A warm-started run narrows the train days to those its parent has not trained on, plus a
 `replay` share of the older ones chosen by a hash of the example id (the same rows every run).
+
+`training.window_validation` below 1 holds out only that share of the newest day (by the same
+hash) and trains on the rest of it: a run then learns from the day just before its test day, which
+is what lets a retrain started by a shock learn the shock a day sooner (bench/bench_market_life.py,
+part C). The day counts as trained in the lineage; its held-out rows are never trained later.
 """
 
 from __future__ import annotations
@@ -46,20 +51,30 @@ def as_date(value: str | dt.date | dt.datetime) -> dt.date:
 
 @dataclass
 class DaySplits:
-    """date (YYYY-MM-DD) -> split for one run; `replay`: older train days kept at `replay_share`."""
+    """date (YYYY-MM-DD) -> split for one run; `replay`: older train days kept at `replay_share`;
+    `validation_share` < 1: only that share of the validation day's rows (by a hash of the example
+    id) is validation, the rest of the day trains."""
 
     days: dict[str, str]
     replay: list[str] = field(default_factory=list)
     replay_share: float = 0.0
+    validation_share: float = 1.0
 
     def split_of(self, dates: Iterable[str], example_ids: Iterable[str] | None, split: str) -> np.ndarray:
         """Boolean mask of the rows of `split` ("all": every row of the window and its test day)."""
         dates = np.asarray(list(dates), dtype=object)
         values = np.array([self.days.get(d, "") for d in dates.tolist()], dtype=object)
         keep = values != "" if split == "all" else values == split
-        if self.replay and split in ("train", "all") and self.replay_share > 0:
-            from lattice.data.split import hash_fraction
+        from lattice.data.split import hash_fraction
 
+        if self.validation_share < 1 and split in ("train", "validation"):
+            shared = values == "validation"
+            if shared.any():
+                ids = np.asarray(list(example_ids), dtype=object)
+                held = np.zeros(len(dates), bool)
+                held[shared] = hash_fraction(ids[shared].tolist()) < self.validation_share
+                keep = keep & held if split == "validation" else keep | (shared & ~held)
+        if self.replay and split in ("train", "all") and self.replay_share > 0:
             old = np.isin(dates, self.replay)
             if old.any():
                 ids = np.asarray(list(example_ids), dtype=object)
@@ -71,6 +86,14 @@ class DaySplits:
     def wanted(self, date: str) -> bool:
         return date in self.days or date in self.replay
 
+    def train_days(self) -> list[str]:
+        """The days this run trains on (not the replayed ones): its train days and, when only a
+        share of it is held out, the validation day."""
+        return sorted(d for d, s in self.days.items() if s == "train" or (s == "validation" and self.validation_share < 1))
+
+    def validation_day(self) -> str | None:
+        return next((d for d, s in self.days.items() if s == "validation"), None)
+
     def cutoff(self) -> dt.datetime | None:
         """The instant a run of these days trains at: midnight (UTC) after its newest train or
         validation day, i.e. the start of its test day. Labels are taken as known at this instant
@@ -81,11 +104,15 @@ class DaySplits:
         return dt.datetime.combine(dt.date.fromisoformat(max(seen)) + dt.timedelta(days=1), dt.time())
 
     def to_json(self) -> dict:
-        return {"days": self.days, "replay": self.replay, "replay_share": self.replay_share}
+        return {"days": self.days, "replay": self.replay, "replay_share": self.replay_share,
+                "validation_share": self.validation_share}
 
     @classmethod
     def from_json(cls, d: dict | None) -> "DaySplits | None":
-        return None if d is None else cls(dict(d["days"]), list(d.get("replay", [])), float(d.get("replay_share", 0.0)))
+        if d is None:
+            return None
+        return cls(dict(d["days"]), list(d.get("replay", [])), float(d.get("replay_share", 0.0)),
+                   float(d.get("validation_share", 1.0)))
 
 
 @dataclass(frozen=True)
@@ -103,15 +130,16 @@ class TrainWindow:
         """The window's days, oldest first (train days and the validation day)."""
         return [*self.train, self.validation]
 
-    def splits(self, trained_before: Iterable[str] = (), replay_share: float = 0.0) -> DaySplits:
+    def splits(self, trained_before: Iterable[str] = (), replay_share: float = 0.0, validation_share: float = 1.0) -> DaySplits:
         """The run's day -> split map; days in `trained_before` (a warm start's parent already
-        trained on them) leave the train split, except a `replay_share` of their rows."""
+        trained on them) leave the train split, except a `replay_share` of their rows;
+        `validation_share` < 1 trains on the rest of the validation day."""
         seen = set(trained_before)
         days = {d: "train" for d in self.train if d not in seen}
         days[self.validation] = "validation"
         days[self.test] = "test"
         replay = [d for d in self.train if d in seen] if replay_share > 0 else []
-        return DaySplits(days, replay, replay_share)
+        return DaySplits(days, replay, replay_share, validation_share)
 
     def to_json(self) -> dict:
         return {"train": list(self.train), "validation": self.validation, "test": self.test, "end": self.end}

@@ -27,6 +27,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from lattice.export.fp8_serving import SERVING_TYPES, serving_form
 from lattice.models.gemm import GemmSite
+from lattice.models.leaves import stacked_bags
 from lattice.hashing.single import IdentityRemap, ModuloRemap
 from lattice.hashing.zch import ZCHRemap
 from lattice.models.remap import KJTRemap
@@ -123,12 +124,7 @@ class FusedLeaves(nn.Module):
         self.register_buffer("starts", torch.cumsum(rows, 0) - rows)
 
     def forward(self, kjt: KeyedJaggedTensor) -> torch.Tensor:
-        values, lengths = kjt.values(), kjt.lengths()
-        per_key = lengths.view(self.n_keys, -1).sum(1)  # leaf ids of each forest
-        ids = values + torch.repeat_interleave(self.starts, per_key)
-        offsets = torch.cat([torch.zeros(1, dtype=lengths.dtype), torch.cumsum(lengths, 0)])
-        pooled = torch.embedding_bag(self.weight, ids, offsets, False, 0, False, None, True)[0]  # (O*B, D)
-        return pooled.view(self.n_keys, -1, pooled.shape[1]).transpose(0, 1)  # (B, O, D)
+        return stacked_bags(self.weight, self.starts, self.n_keys, kjt)  # (B, O, D)
 
 
 def fuse_sparse(module: nn.Module) -> None:

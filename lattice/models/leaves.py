@@ -62,12 +62,20 @@ class LeafMargin(nn.Module):
         self.register_buffer("starts", torch.cumsum(rows, 0) - rows)
 
     def forward(self, kjt: KeyedJaggedTensor) -> torch.Tensor:
-        values, lengths = kjt.values(), kjt.lengths()
-        per_key = lengths.view(self.n_keys, -1).sum(1)  # leaf ids of each forest
-        ids = values + torch.repeat_interleave(self.starts, per_key)
-        offsets = torch.cat([torch.zeros(1, dtype=lengths.dtype), torch.cumsum(lengths, 0)])
-        pooled = torch.embedding_bag(self.values, ids, offsets, False, 0, False, None, True)[0]  # (O*B, 1)
-        return pooled.view(self.n_keys, -1).transpose(0, 1)  # (B, O)
+        return stacked_bags(self.values, self.starts, self.n_keys, kjt).squeeze(2)  # (B, O)
+
+
+def stacked_bags(table: torch.Tensor, starts: torch.Tensor, n_keys: int, kjt: KeyedJaggedTensor) -> torch.Tensor:
+    """Sum-pool a KJT of `n_keys` keys over one table that stacks the keys' tables (key k's rows
+    begin at `starts[k]`): each id shifted to its key's first row, one `embedding_bag` over the
+    n_keys x B bags. Returns (B, n_keys, D). One call, not one per key: at batch 1 the per-key
+    calls cost more than the lookups."""
+    values, lengths = kjt.values(), kjt.lengths()
+    per_key = lengths.view(n_keys, -1).sum(1)  # ids of each key
+    ids = values + torch.repeat_interleave(starts, per_key)
+    offsets = torch.cat([torch.zeros(1, dtype=lengths.dtype), torch.cumsum(lengths, 0)])
+    pooled = torch.embedding_bag(table, ids, offsets, False, 0, False, None, True)[0]  # (n_keys*B, D)
+    return pooled.view(n_keys, -1, pooled.shape[1]).transpose(0, 1)
 
 
 def split_leaves(sparse: KeyedJaggedTensor, n_features: int, arch: LeafArch) -> tuple[KeyedJaggedTensor, KeyedJaggedTensor]:

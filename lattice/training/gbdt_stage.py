@@ -86,7 +86,7 @@ def train_gbdt(config: PlatformConfig, paths: Paths, model: str = "gbdt", seed: 
     from lattice.data.window import resolve as resolve_window
 
     window = resolve_window(config, table, end or data_end)
-    days = window.splits() if window is not None else None  # a booster is never warm-started: every train day
+    days = window.splits(validation_share=config.training.window_validation) if window is not None else None  # a booster is never warm-started: every train day
     stats = fit_dense_stats(config, table, days)
     stats.save(out / "dense_stats.json")
     arrs, split = read_rows(config, table, stats, days)

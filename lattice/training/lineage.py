@@ -21,7 +21,7 @@ from lattice.data.window import DaySplits, TrainWindow
 
 
 def build(mode: str, parent_json: dict | None, window: TrainWindow | None, days: DaySplits | None) -> dict:
-    trained = sorted(d for d, s in days.days.items() if s == "train") if days is not None else []
+    trained = days.train_days() if days is not None else []
     seen = sorted(set(parent_json["days_seen"] if parent_json else []) | set(trained))
     return {"warm_start": mode if parent_json else "none", "parent": parent_json, "days_seen": seen,
             "trained_days": trained, "replayed_days": list(days.replay) if days is not None else [],

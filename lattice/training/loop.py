@@ -190,6 +190,9 @@ class Trainer:
         if self.days is not None:  # the run's train days (footers; a replayed day counts at its share)
             train_rows = window_rows(Path(spec.table), DaySplits({d: s for d, s in self.days.days.items() if s == "train"}))
             train_rows += window_rows(Path(spec.table), DaySplits({d: "train" for d in self.days.replay})) * self.days.replay_share
+            held = self.days.validation_day()
+            if held is not None and self.days.validation_share < 1:
+                train_rows += window_rows(Path(spec.table), DaySplits({held: "train"})) * (1 - self.days.validation_share)
         else:  # the stored split column's count; the hash fractions only for a table without one
             train_rows = split_rows(Path(spec.table), "train")
         if train_rows is None:

@@ -79,8 +79,9 @@ def train(config: PlatformConfig, paths: Paths, model: str = "teacher", nproc: i
         logging.getLogger(__name__).info("warm start %s: no parent model yet; %s trains from scratch", mode, model)
     if not resume:
         (out / "warm_maps.pt").unlink(missing_ok=True)  # a previous warm start's refit, never this run's
-    days = window.splits(parent.days_seen if parent else (), config.training.replay if parent else 0.0) if window else None
-    if days is not None and not any(s == "train" for s in days.days.values()) and not days.replay:
+    days = window.splits(parent.days_seen if parent else (), config.training.replay if parent else 0.0,
+                         config.training.window_validation) if window else None
+    if days is not None and not days.train_days() and not days.replay:
         raise ws.WarmStartError(f"nothing to train {model!r} on: its parent has trained on every train day of the window "
                          f"{window.train[0]}..{window.train[-1]} and training.replay is 0; move the interval end "
                          "(`end`) past the parent's days, set training.replay, or warm_start: none")
@@ -89,7 +90,7 @@ def train(config: PlatformConfig, paths: Paths, model: str = "teacher", nproc: i
     if days is not None:
         from lattice.data.label_time import never_known_in_window
 
-        train_days = [d for d, sp in days.days.items() if sp == "train"] + list(days.replay)
+        train_days = days.train_days() + list(days.replay)
         unlabelled = never_known_in_window(config, train_days, days.cutoff())
         if unlabelled:
             logging.getLogger(__name__).warning(

@@ -77,6 +77,30 @@ def test_day_splits_and_replay_are_deterministic(config) -> None:
     assert not warm.split_of(dates, ids, "validation").any()
 
 
+def test_a_validation_share_trains_on_the_rest_of_the_newest_day(config) -> None:
+    w = resolve(_windowed(config, "3d"), Path("."), "2026-01-04")
+    days = w.splits(validation_share=0.25)
+    dates = ["2026-01-01"] * 10 + ["2026-01-03"] * 2000 + ["2026-01-04"] * 10
+    ids = [f"e{i}" for i in range(len(dates))]
+    train, val = days.split_of(dates, ids, "train"), days.split_of(dates, ids, "validation")
+    newest = slice(10, 2010)
+    assert train[:10].all() and not val[:10].any()  # an older day trains whole
+    assert not (train[newest] & val[newest]).any() and (train[newest] | val[newest]).all()  # the newest day: one or the other
+    assert 0.22 < val[newest].mean() < 0.28  # ~25% held out: 2000 hashed ids, sd ~1%
+    assert not train[2010:].any() and days.split_of(dates, ids, "test")[2010:].all()  # the test day untouched
+    # the same rows after a round trip (a resumed run, the scorer reading the lineage)
+    np.testing.assert_array_equal(val, DaySplits.from_json(days.to_json()).split_of(dates, ids, "validation"))
+    whole = w.splits()
+    assert whole.split_of(dates, ids, "validation")[newest].all() and not whole.split_of(dates, ids, "train")[newest].any()
+    # the newest day counts as trained: a warm start after it does not train on it again
+    lin = lineage.build("none", None, w, days)
+    assert lin["trained_days"] == ["2026-01-01", "2026-01-02", "2026-01-03"] and "2026-01-03" in lin["days_seen"]
+    assert lineage.build("none", None, w, whole)["trained_days"] == ["2026-01-01", "2026-01-02"]
+    data = config.model_dump(mode="json")
+    with pytest.raises(ValueError, match="training.window is unset"):
+        PlatformConfig.model_validate({**data, "training": {**data["training"], "window": None, "window_validation": 0.2}})
+
+
 def test_lineage_records_parent_days_and_judged_day(config) -> None:
     w = resolve(_windowed(config, "3d"), Path("."), "2026-01-05")
     parent = {"mode": "last", "path": "/m/parent/model.pt", "version": None, "checksum": "ab" * 32,
