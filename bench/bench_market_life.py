@@ -70,7 +70,10 @@ def build_config(args, seed: int, shock: bool, base: Path):
 
     cfg = load_config(ROOT / "bench" / "configs" / "demo_market.yaml")
     start = cfg.time_range.start
+    own = cfg.models
     cfg = tiny(cfg, data_root=str(base / "raw"), batch_size=256)
+    if args.sizes == "config":  # the config's teacher and student (the demo's pair) on the same tiny market and tables
+        cfg = cfg.model_copy(update={"models": cfg.models.model_copy(update={"teacher": own.teacher, "student": own.student})})
     market = cfg.synthetic.market
     sh = market.shock.model_copy(update={"day": args.shock_day}) if shock and market.shock else None
     cfg = cfg.model_copy(update={
@@ -534,6 +537,9 @@ def main() -> None:
     ap.add_argument("--window", default="4d")
     ap.add_argument("--first", type=int, default=8, help="first judged day (1-based): the first window's model is judged the day before")
     ap.add_argument("--epochs", type=int, default=1)
+    ap.add_argument("--sizes", default="tiny", choices=["tiny", "config"],
+                    help="model sizes: lattice.training.tiny's (the teacher 8-wide, the student 4-wide in half the "
+                         "rows) or the market config's own teacher and student")
     ap.add_argument("--window-validation", type=float, default=1.0,
                     help="training.window_validation: the share of the window's newest day held out for validation "
                          "(the rest trains); 1 holds out the whole day")
@@ -583,7 +589,7 @@ def main() -> None:
     m = life.synth()
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; demo market "
           f"{args.days * args.rows_per_day:,} rows over {args.days} days ({args.rows_per_day:,}/day), seed {args.market_seed}; "
-          f"shock: {cfg.synthetic.market.shock}; tiny model sizes; {args.epochs} epoch(s); workdir {base}")
+          f"shock: {cfg.synthetic.market.shock}; {args.sizes} model sizes; {args.epochs} epoch(s); workdir {base}")
     report["market"] = {k: m.get(k) for k in ("rows", "rows_per_domain", "label_sums")}
     serve = None
     if "C" in parts:

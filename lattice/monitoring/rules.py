@@ -9,7 +9,12 @@ only when it had enough positive labels. `decide` then applies the memory kept i
   starts of the last periods) is not reported again;
 - a rule that trips again once a newer model version serves the cell (the retrain it triggered
   did not help) is flagged `needs_person` and not retriggered; the flag clears when the rule stops
-  tripping for that cell.
+  tripping for that cell;
+- unless the model that tripped was back within bounds on a later period before the newer one
+  served (`recovered`): the episode had ended, so the newer model's trip is a new one (under the
+  cooldown), not a retrain that failed. A shock that lands on a retrain triggered by an earlier,
+  passing miscalibration then starts its own retrain instead of waiting for a person
+  (bench/bench_market_life.py, part C, seed 42 with `training.window_validation: 0.5`).
 """
 
 from __future__ import annotations
@@ -60,7 +65,8 @@ def _finding(index: int, rule, cell: dict, tail: pd.DataFrame, figure: str, boun
 def _healthy(index: int, rule, domain: str, cell: str, s: pd.DataFrame, bad: pd.Series) -> dict | None:
     """The cell's last counted period was within the rule's bounds."""
     if len(s) and not bool(bad.iloc[-1]):
-        return {"key": f"{index}:{rule.kind}:{domain}:{cell}", "model_version": int(s["model_version"].iloc[-1])}
+        return {"key": f"{index}:{rule.kind}:{domain}:{cell}", "model_version": int(s["model_version"].iloc[-1]),
+                "last_period_start": str(s["period_start"].iloc[-1])}
     return None
 
 
@@ -209,6 +215,9 @@ def decide(findings: list[dict], healthy: list[dict], state: dict[str, Any], coo
         prev = keys.get(h["key"])
         if prev is not None and (prev.get("needs_person") or h["model_version"] > prev["model_version"]):
             del keys[h["key"]]
+        elif (prev is not None and h["model_version"] == prev["model_version"] and "last_period_start" in h
+              and pd.Timestamp(h["last_period_start"]) > pd.Timestamp(prev["last_tripped_at"])):
+            keys[h["key"]] = {**prev, "recovered": True}  # the episode ended; the cooldown stays
     tripped, needs_person = [], []
     for f in findings:
         key = finding_key(f)
@@ -222,7 +231,7 @@ def decide(findings: list[dict], healthy: list[dict], state: dict[str, Any], coo
         if prev.get("needs_person"):
             needs_person.append({**f, "needs_person": True})
             continue
-        if f["model_version"] > prev["model_version"]:
+        if f["model_version"] > prev["model_version"] and not prev.get("recovered"):
             # the rule tripped, a retrain was served, and it trips again: a person looks at it
             keys[key] = {**prev, "needs_person": True, "last_period": f["last_period"], "retrained_to": f["model_version"]}
             needs_person.append({**f, "needs_person": True})
@@ -232,7 +241,8 @@ def decide(findings: list[dict], healthy: list[dict], state: dict[str, Any], coo
         since = (now - pd.Timestamp(prev["last_tripped_at"])) / pd.Timedelta(hours=1)
         if since < cooldown_hours:
             continue  # cooldown: a retrain it triggered may still be on its way
-        keys[key] = {**prev, "last_period": f["last_period"], "last_tripped_at": str(now), "times": prev["times"] + 1}
+        keys[key] = {**prev, "last_period": f["last_period"], "last_tripped_at": str(now), "times": prev["times"] + 1,
+                     "model_version": f["model_version"], "recovered": False}
         tripped.append(f)
     return tripped, needs_person, {"keys": keys}
 

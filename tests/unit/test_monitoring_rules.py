@@ -143,6 +143,45 @@ def test_dedup_cooldown_and_needs_person():
     assert state["keys"] == {}
 
 
+def test_a_trip_after_the_cell_recovered_is_a_new_episode_not_a_failed_retrain():
+    state = {"keys": {}}
+
+    def run(cells):
+        nonlocal state
+        findings, healthy = check([CAL], cells, NONE)
+        tripped, person, state = decide(findings, healthy, state, cooldown_hours=24)
+        return tripped, person
+
+    assert len(run(_cells([1.3, 1.3]))[0]) == 1                    # v1 trips on day 1
+    assert run(_cells([1.3, 1.3, 1.0])) == ([], [])                 # v1 back inside on day 2: recovered, remembered
+    assert state["keys"] and all(k["recovered"] for k in state["keys"].values())
+    # a shock on day 3 under the retrain v2: a new trip (past the cooldown), not "the retrain failed"
+    shocked = pd.concat([_cells([1.3, 1.3, 1.0]), _cells([1.3, 1.3], version=2, first_day=3)])
+    tripped, person = run(shocked)
+    assert len(tripped) == 1 and person == [] and tripped[0]["model_version"] == 2
+    # ... and v2 tripping again after its own retrain (v3) is the failed retrain: a person looks
+    again = pd.concat([shocked, _cells([1.3, 1.3], version=3, first_day=5)])
+    tripped, person = run(again)
+    assert tripped == [] and person[0]["needs_person"] and person[0]["model_version"] == 3
+    # the mirror: v1 never recovered before v2 served -> v2's trip is flagged for a person
+    state = {"keys": {}}
+    run(_cells([1.3, 1.3]))
+    tripped, person = run(pd.concat([_cells([1.3, 1.3, 1.3]), _cells([1.3, 1.3], version=2, first_day=3)]))
+    assert tripped == [] and person[0]["needs_person"]
+
+
+def test_recovered_cell_keeps_its_cooldown():
+    state = {"keys": {}}
+    findings, healthy = check([CAL], _cells([1.3, 1.3]), NONE)
+    _, _, state = decide(findings, healthy, state, cooldown_hours=72)
+    findings, healthy = check([CAL], _cells([1.3, 1.3, 1.0]), NONE)
+    _, _, state = decide(findings, healthy, state, cooldown_hours=72)
+    # v2 trips 48 h after v1's trip: inside the 72 h cooldown, so nothing yet
+    findings, healthy = check([CAL], pd.concat([_cells([1.3, 1.3, 1.0]), _cells([1.3, 1.3], version=2, first_day=2)]), NONE)
+    tripped, person, state = decide(findings, healthy, state, cooldown_hours=72)
+    assert tripped == [] and person == []
+
+
 def test_retrain_that_worked_forgets_the_cell():
     state = {"keys": {}}
     f, h = check([CAL], _cells([1.3, 1.3]), NONE)
