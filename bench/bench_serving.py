@@ -483,31 +483,38 @@ def ops_in_process(config, paths, reqs: list[dict], loops: int = 300) -> dict:
 def ops_bench(config, cfg_file: str, wd: Path, args, reqs: list[dict]) -> None:
     """Prediction log + /metrics on vs off, alternated (on, off, off, on, ...) so that the
     machine's load drifts over both alike."""
-    on_cfg = _config_with(config, "lattice-bench-ops-on-", {"monitoring.metrics": True, "monitoring.prediction_log.enabled": True})
-    off_cfg = _config_with(config, "lattice-bench-ops-off-", {"monitoring.metrics": False, "monitoring.prediction_log.enabled": False})
+    switches = {"on": (True, True), "off": (False, False), "metrics": (True, False), "log": (False, True)}
+    names = ["on", "off"] + [m for m in args.ops_modes.split(",") if m not in ("on", "off")]
+    unknown = [m for m in names if m not in switches]
+    if unknown:
+        raise SystemExit(f"--ops-modes {unknown}: use on, off, metrics (only /metrics), log (only the prediction log)")
+    cfgs = {m: _config_with(config, f"lattice-bench-ops-{m}-", {"monitoring.metrics": switches[m][0],
+                                                                "monitoring.prediction_log.enabled": switches[m][1]})
+            for m in names}
     url = f"http://127.0.0.1:{args.port}"
-    results: dict[str, list[dict]] = {"on": [], "off": []}
+    results: dict[str, list[dict]] = {m: [] for m in names}
     sent = logged = 0
     for run in range(args.runs):
-        pair = (("on", on_cfg), ("off", off_cfg))
-        for mode, cfg in (pair if run % 2 == 0 else pair[::-1]):  # neither always goes first
+        order = [(m, cfgs[m]) for m in names]
+        for mode, cfg in (order if run % 2 == 0 else order[::-1]):  # none always goes first
             before = _log_rows(wd)
             res = serve_and_measure(cfg, wd, url, args, reqs)
             results[mode].append(res)
             if mode == "on":  # warm-up 20 + singles + batches of 256, all logged by the clean stop
                 sent += 20 + args.singles + 256 * args.batches
                 logged += _log_rows(wd) - before
-            print(f"  run {run + 1} {mode:<3}: single p99 {np.percentile(res['single_ms'], 99):6.2f} ms   "
+            print(f"  run {run + 1} {mode:<7}: single p99 {np.percentile(res['single_ms'], 99):6.2f} ms   "
                   f"{res['predictions_per_s']:8,.0f} predictions/s", flush=True)
     med = {m: {"p50": float(np.median([np.percentile(r["single_ms"], 50) for r in rs])),
                "p99": float(np.median([np.percentile(r["single_ms"], 99) for r in rs])),
                "pps": float(np.median([r["predictions_per_s"] for r in rs]))} for m, rs in results.items()}
     print(f"\nprediction log + /metrics, on vs off ({args.runs} runs each, medians; single: {args.singles} sequential "
           f"requests, batches: {args.batches} x 256)")
-    for m in ("off", "on"):
-        print(f"  {m:<3}  single p50 {med[m]['p50']:6.2f} ms  p99 {med[m]['p99']:6.2f} ms   batched {med[m]['pps']:9,.0f} predictions/s")
-    print(f"  on / off: single p99 x{med['on']['p99'] / med['off']['p99']:.3f}   batched predictions/s "
-          f"x{med['on']['pps'] / med['off']['pps']:.3f}")
+    for m in ["off", "on"] + names[2:]:
+        print(f"  {m:<7}  single p50 {med[m]['p50']:6.2f} ms  p99 {med[m]['p99']:6.2f} ms   batched {med[m]['pps']:9,.0f} predictions/s")
+    for m in ["on"] + names[2:]:
+        print(f"  {m} / off: single p99 x{med[m]['p99'] / med['off']['p99']:.3f}   batched predictions/s "
+              f"x{med[m]['pps'] / med['off']['pps']:.3f}")
     print(f"  prediction log: {logged:,} rows written for {sent:,} predictions sent")
     from lattice.paths import Paths
 
@@ -530,6 +537,8 @@ def main() -> None:
     ap.add_argument("--entities", type=int, default=1_000_000, help="--stores: users each store is padded to")
     ap.add_argument("--runs", type=int, default=3, help="--stores, --ops: runs per case (medians are printed)")
     ap.add_argument("--ops", action="store_true", help="prediction log + /metrics on vs off (see above)")
+    ap.add_argument("--ops-modes", default="on,off", help="--ops: also `metrics` (only /metrics) and `log` (only the "
+                    "prediction log), to tell which of the two costs what")
     args = ap.parse_args()
     if args.stores:
         print(f"machine: {platform.machine()}, {os.cpu_count()} cpus, load avg {os.getloadavg()[0]:.1f} (shared machine: noisy)")

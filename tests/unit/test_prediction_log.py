@@ -241,6 +241,39 @@ def test_merged_requests_make_the_same_rows(config):
     assert merged.column("model_version").to_pylist() == [4, None, None, 5, 5, 5]
 
 
+def test_requests_with_the_same_columns_merge_by_the_fast_path(config):
+    """The usual flush: every request carries the same columns (a raw dense column with its
+    presence flags, an aggregate without), gathered in one pass; the rows equal each request's
+    own table, and a request that lacks a column falls back to the key-by-key path."""
+    import pyarrow as pa
+
+    from lattice.monitoring.records import merge_columns, record_batch
+
+    schema = LogSchema(config)
+    dense_cols = list(schema.dense)
+    assert len(dense_cols) >= 2, "the demo logs a raw dense column and an aggregate"
+    raw, agg = dense_cols[0], dense_cols[1]
+    ids = lambda *v: (np.array(v, np.int64), np.array([x % 2 == 0 for x in v], bool))
+
+    def item(k, n):
+        return dict(request_id=[f"r{k}-{i}" for i in range(n)], logged_at=1_767_618_000.0 + k, origin="serve",
+                    domain=["search"] * n, model_version=7, entities={"user_id": ids(*range(k, k + n)), "ad_id": ids(*[k] * n)},
+                    passthrough={}, probabilities={"click": np.full(n, 0.01 * k), "conversion": np.zeros(n)},
+                    unknown=[[]] * n, store_error=False, sparse={s: ids(*[k + 1] * n) for s in schema.sparse},
+                    dense={raw: np.full(n, float(k)), agg: np.full(n, 2.0 * k)},
+                    dense_present={raw: np.array([k % 3 != 0] * n)})
+
+    items = [item(k, 1 if k % 4 else 3) for k in range(40)]
+    separate = pa.concat_tables([record_batch(schema, **c) for c in items])
+    assert record_batch(schema, **merge_columns([dict(c) for c in items], schema)).equals(separate)
+    assert separate.column(f"f.{raw}").null_count > 0 and separate.column(f"f.{agg}").null_count == 0  # the flags were applied
+    # one request without the aggregate: the key-by-key path, the same rows as its own tables
+    odd = dict(items[5], dense={raw: np.full(len(items[5]["request_id"]), 5.0)})
+    mixed = [*items[:5], odd, *items[6:]]
+    assert record_batch(schema, **merge_columns([dict(c) for c in mixed], schema)).equals(
+        pa.concat_tables([record_batch(schema, **c) for c in mixed]))
+
+
 def _cell(period: str, version: int = 7, count: int = 400, ne: float = 0.9, auc: float = 0.7, **kw) -> dict:
     return {"domain": "feed", "objective": "click", "model_version": version, "period": period, "logged": 500,
             "count": count, "pending": 500 - count, "positives": 40, "label_rate": 0.1, "prediction_mean": 0.12,
