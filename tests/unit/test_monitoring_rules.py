@@ -119,14 +119,22 @@ def test_ne_regression_rule(series, trips):
         assert found[0]["bounds"]["reference_ne"] == 0.8
 
 
-def test_dedup_cooldown_and_needs_person():
-    state = {"keys": {}}
+class _Memory:
+    """The rules' state across monitor runs over growing series, as `lattice monitor` keeps it."""
 
-    def run(cells):
-        nonlocal state
+    def __init__(self, cooldown_hours: float):
+        self.state: dict = {"keys": {}}
+        self.cooldown_hours = cooldown_hours
+
+    def run(self, cells: pd.DataFrame) -> tuple[list, list]:
         findings, healthy = check([CAL], cells, NONE)
-        tripped, person, state = decide(findings, healthy, state, cooldown_hours=48)
+        tripped, person, self.state = decide(findings, healthy, self.state, cooldown_hours=self.cooldown_hours)
         return tripped, person
+
+
+def test_dedup_cooldown_and_needs_person():
+    memory = _Memory(cooldown_hours=48)
+    run = memory.run
 
     v1 = _cells([1.3, 1.3])
     assert len(run(v1)[0]) == 1                                   # trips
@@ -140,21 +148,16 @@ def test_dedup_cooldown_and_needs_person():
     assert run(pd.concat([after, _cells([1.3], version=2, first_day=6)]))[0] == []  # still only flagged
     # v2 back inside the bounds clears the flag; a later trip is a fresh one
     run(pd.concat([after, _cells([1.0], version=2, first_day=6)]))
-    assert state["keys"] == {}
+    assert memory.state["keys"] == {}
 
 
 def test_a_trip_after_the_cell_recovered_is_a_new_episode_not_a_failed_retrain():
-    state = {"keys": {}}
-
-    def run(cells):
-        nonlocal state
-        findings, healthy = check([CAL], cells, NONE)
-        tripped, person, state = decide(findings, healthy, state, cooldown_hours=24)
-        return tripped, person
+    memory = _Memory(cooldown_hours=24)
+    run = memory.run
 
     assert len(run(_cells([1.3, 1.3]))[0]) == 1                    # v1 trips on day 1
     assert run(_cells([1.3, 1.3, 1.0])) == ([], [])                 # v1 back inside on day 2: recovered, remembered
-    assert state["keys"] and all(k["recovered"] for k in state["keys"].values())
+    assert memory.state["keys"] and all(k["recovered"] for k in memory.state["keys"].values())
     # a shock on day 3 under the retrain v2: a new trip (past the cooldown), not "the retrain failed"
     shocked = pd.concat([_cells([1.3, 1.3, 1.0]), _cells([1.3, 1.3], version=2, first_day=3)])
     tripped, person = run(shocked)
@@ -164,22 +167,18 @@ def test_a_trip_after_the_cell_recovered_is_a_new_episode_not_a_failed_retrain()
     tripped, person = run(again)
     assert tripped == [] and person[0]["needs_person"] and person[0]["model_version"] == 3
     # the mirror: v1 never recovered before v2 served -> v2's trip is flagged for a person
-    state = {"keys": {}}
+    run = _Memory(cooldown_hours=24).run
     run(_cells([1.3, 1.3]))
     tripped, person = run(pd.concat([_cells([1.3, 1.3, 1.3]), _cells([1.3, 1.3], version=2, first_day=3)]))
     assert tripped == [] and person[0]["needs_person"]
 
 
 def test_recovered_cell_keeps_its_cooldown():
-    state = {"keys": {}}
-    findings, healthy = check([CAL], _cells([1.3, 1.3]), NONE)
-    _, _, state = decide(findings, healthy, state, cooldown_hours=72)
-    findings, healthy = check([CAL], _cells([1.3, 1.3, 1.0]), NONE)
-    _, _, state = decide(findings, healthy, state, cooldown_hours=72)
+    run = _Memory(cooldown_hours=72).run
+    assert len(run(_cells([1.3, 1.3]))[0]) == 1
+    run(_cells([1.3, 1.3, 1.0]))  # recovered
     # v2 trips 48 h after v1's trip: inside the 72 h cooldown, so nothing yet
-    findings, healthy = check([CAL], pd.concat([_cells([1.3, 1.3, 1.0]), _cells([1.3, 1.3], version=2, first_day=2)]), NONE)
-    tripped, person, state = decide(findings, healthy, state, cooldown_hours=72)
-    assert tripped == [] and person == []
+    assert run(pd.concat([_cells([1.3, 1.3, 1.0]), _cells([1.3, 1.3], version=2, first_day=2)])) == ([], [])
 
 
 def test_retrain_that_worked_forgets_the_cell():
