@@ -427,16 +427,13 @@ def _log_rows(wd: Path) -> int:
     return sum(pq.ParquetFile(f).metadata.num_rows for f in (wd / "prediction_log").rglob("part-*.parquet"))
 
 
-def ops_in_process(config, paths, reqs: list[dict], loops: int = 300) -> dict:
-    """What recording adds to the request path, without HTTP or the machine's other load in the
-    figure: `Server.score` with the prediction log + metrics (`ServingOps`) and without, the
-    champion and the online store as served, alternated call by call; medians in microseconds."""
+def _scoring_server(config, paths):
+    """`Server.score` without HTTP: the champion and the online store as served."""
     from lattice.export.predictor import Predictor
     from lattice.registry import CHAMPION, ModelRegistry
     from lattice.serving.app import Server
     from lattice.serving.online import OnlineFeatures
-    from lattice.serving.ops import ServingOps
-    from lattice.serving.requests import PredictRequest, RequestSchema
+    from lattice.serving.requests import RequestSchema
     from lattice.serving.slot import ModelSlot
 
     import torch
@@ -451,6 +448,47 @@ def ops_in_process(config, paths, reqs: list[dict], loops: int = 300) -> dict:
     server.slot.refresh()
     server.online = OnlineFeatures(config, paths)
     server.online.open()
+    return server, info
+
+
+def ops_tail_in_process(config, paths, reqs: list[dict], seconds: float, pairs: int = 3) -> list[dict]:
+    """Single-request tail in one process: `Server.score` back to back for `seconds` with the
+    prediction log + metrics on, then as long with them off (no writer thread at all), `pairs`
+    times. Unlike `ops_in_process` (modes alternated call by call under one live writer), the
+    `off` window here has no writer to wait for, so the tail its flushes cause shows."""
+    from lattice.serving.ops import ServingOps
+    from lattice.serving.requests import PredictRequest
+
+    server, _ = _scoring_server(config, paths)
+    parsed = [PredictRequest.model_validate(r) for r in reqs]
+    out = []
+    for _ in range(pairs):
+        row = {}
+        for mode in ("on", "off"):
+            ops = ServingOps(config, Path(tempfile.mkdtemp(prefix="lattice-bench-ops-tail-"))) if mode == "on" else None
+            for r in parsed[:50]:
+                server.score([r], ops)
+            times, i, end = [], 0, time.perf_counter() + seconds
+            while time.perf_counter() < end:
+                t = time.perf_counter()
+                server.score([parsed[i % len(parsed)]], ops)
+                times.append((time.perf_counter() - t) * 1e6)
+                i += 1
+            if ops is not None:
+                ops.close()
+            row[mode] = {q: float(np.percentile(times, q)) for q in (50, 99, 99.9)}
+        out.append(row)
+    return out
+
+
+def ops_in_process(config, paths, reqs: list[dict], loops: int = 300) -> dict:
+    """What recording adds to the request path, without HTTP or the machine's other load in the
+    figure: `Server.score` with the prediction log + metrics (`ServingOps`) and without, the
+    champion and the online store as served, alternated call by call; medians in microseconds."""
+    from lattice.serving.ops import ServingOps
+    from lattice.serving.requests import PredictRequest
+
+    server, info = _scoring_server(config, paths)
     ops = ServingOps(config, Path(tempfile.mkdtemp(prefix="lattice-bench-ops-log-")))
     out = {}
     for n in (1, 256):
@@ -537,6 +575,8 @@ def main() -> None:
     ap.add_argument("--entities", type=int, default=1_000_000, help="--stores: users each store is padded to")
     ap.add_argument("--runs", type=int, default=3, help="--stores, --ops: runs per case (medians are printed)")
     ap.add_argument("--ops", action="store_true", help="prediction log + /metrics on vs off (see above)")
+    ap.add_argument("--ops-tail", type=float, default=0, metavar="SECONDS",
+                    help="--ops: only the single-request tail in one process, on vs off, SECONDS a window, --runs pairs")
     ap.add_argument("--ops-modes", default="on,off", help="--ops: also `metrics` (only /metrics) and `log` (only the "
                     "prediction log), to tell which of the two costs what")
     args = ap.parse_args()
@@ -557,6 +597,15 @@ def main() -> None:
     config = load_config(cfg_file)
     paths = Paths.for_config(config, wd)
     reqs = requests_from_window(config, paths, 256 * args.batches)
+    if args.ops and args.ops_tail:
+        rows = ops_tail_in_process(config, paths, reqs, args.ops_tail, pairs=args.runs)
+        print(f"single-request tail in process, {args.ops_tail:g} s a window (us; log + metrics on vs off):")
+        for k, r in enumerate(rows, 1):
+            print(f"  pair {k}: " + "   ".join(f"p{q:g} {r['on'][q]:6.0f} / {r['off'][q]:6.0f} (x{r['on'][q] / r['off'][q]:.3f})"
+                                            for q in (50, 99, 99.9)))
+        ratios = {q: float(np.median([r["on"][q] / r["off"][q] for r in rows])) for q in (50, 99, 99.9)}
+        print("  median ratio: " + "   ".join(f"p{q:g} x{v:.3f}" for q, v in ratios.items()))
+        return None
     if args.ops:
         return ops_bench(config, cfg_file, wd, args, reqs)
 

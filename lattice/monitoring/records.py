@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import time
 import uuid
-from operator import itemgetter
 from pathlib import Path
 
 import numpy as np
@@ -75,157 +75,131 @@ class LogSchema:
         self.schema = pa.schema(fields)
 
 
-def _per_row(value, n: int, dtype=object) -> np.ndarray:
-    return np.asarray(value, dtype) if isinstance(value, (np.ndarray, list)) else np.full(n, value, dtype)
+class LogChunk:
+    """Preallocated columns for up to `capacity` log rows, filled request by request.
+
+    Why not keep each request's own columns and merge them at flush time: concatenating
+    thousands of one-row arrays held the GIL ~11 ms per 1,000 single requests in the writer's
+    thread, and every request that came back from a torch op meanwhile waited for it
+    (single-request p99 x1.5, docs/bench/serving.md). Filling fixed arrays costs each request a
+    slice assignment per column instead, and `table()` only hands numpy buffers to Arrow.
+
+    `put` writes every column of its rows, absent ones as nulls, so a chunk reused after a
+    write keeps nothing of its last rows. `table()` may share the chunk's memory: reuse a chunk
+    only once its table has been written and dropped."""
+
+    def __init__(self, schema: LogSchema, capacity: int):
+        self.schema = schema
+        self.capacity = capacity
+        self.n = 0
+        self.first_at: float | None = None  # wall time of the first row put (the log's lag)
+        zeros = lambda dtype: np.zeros(capacity, dtype)
+        self.request_id = np.empty(capacity, object)
+        self.logged_at = zeros(np.float64)
+        self.origin = np.empty(capacity, object)
+        self.domain = np.empty(capacity, object)
+        self.model_version = zeros(np.int64)
+        self.entities = {k: (zeros(np.int64), zeros(bool)) for k in schema.entity_keys}
+        self.passthrough = {k: np.empty(capacity, object) for k in schema.passthrough}
+        self.probabilities = {o: zeros(np.float64) for o in schema.objectives}
+        self.unknown = np.empty(capacity, object)
+        self.store_error = zeros(bool)
+        self.sparse = {c: (zeros(np.int64), zeros(bool)) for c in schema.sparse}
+        self.dense = {c: (zeros(np.float64), zeros(bool)) for c in schema.dense}
+
+    @property
+    def room(self) -> int:
+        return self.capacity - self.n
+
+    def reset(self) -> None:
+        self.n, self.first_at = 0, None
+
+    def put(self, lo: int, hi: int, *, request_id: list, logged_at: float | np.ndarray, origin: str | np.ndarray, domain,
+            model_version: int | None | np.ndarray, entities: dict[str, tuple[np.ndarray, np.ndarray]],
+            passthrough: dict[str, list], probabilities: dict[str, np.ndarray], unknown: list[list[str]],
+            store_error: bool | np.ndarray, sparse: dict[str, tuple[np.ndarray, np.ndarray]], dense: dict[str, np.ndarray],
+            dense_present: dict[str, np.ndarray] | None = None) -> None:
+        """Rows lo:hi of one request's columns -> the chunk's next hi - lo rows (at most `room`).
+
+        entities / sparse: column -> (int64 ids, present mask); dense: column -> float64 values,
+        null where `dense_present` says the value was not sent (no flags: present wherever given);
+        passthrough: column -> values (None: not sent). logged_at, origin, model_version (None or
+        -1: none) and store_error: one value for every row, or one per row. Columns the schema
+        does not log are ignored; `n` moves only once every column is written."""
+        a, b = self.n, self.n + hi - lo
+        if b > self.capacity:
+            raise ValueError(f"{hi - lo} row(s) do not fit in the {self.room} left")
+        # one row (most requests): element assignment, half the cost of a one-row slice's
+        d, s = (a, lo) if b - a == 1 else (slice(a, b), slice(lo, hi))
+        rows = lambda v: v[s] if isinstance(v, (np.ndarray, list)) else v  # per-row values, or one for all
+        self.request_id[d] = request_id[s]
+        self.logged_at[d] = rows(logged_at)
+        self.origin[d] = rows(origin)
+        self.domain[d] = rows(domain)
+        self.model_version[d] = -1 if model_version is None else rows(model_version)
+        for group, given in ((self.entities, entities), (self.sparse, sparse)):
+            for k, (ids, present) in group.items():
+                got = given.get(k)
+                if got is None:
+                    present[d] = False
+                else:
+                    ids[d] = got[0][s]
+                    present[d] = got[1][s]
+        for k, values in self.passthrough.items():
+            got = passthrough.get(k)
+            if got is None:
+                values[d] = None
+            else:
+                got = got[s]
+                values[d] = (None if got is None else str(got)) if type(s) is int else [None if v is None else str(v) for v in got]
+        for o, values in self.probabilities.items():
+            values[d] = probabilities[o][s]
+        self.unknown[d] = ",".join(unknown[s]) if type(s) is int else [",".join(u) for u in unknown[s]]
+        self.store_error[d] = rows(store_error)
+        flags = dense_present or {}
+        for c, (values, present) in self.dense.items():
+            got = dense.get(c)
+            if got is None:
+                present[d] = False
+            else:
+                values[d] = got[s]
+                present[d] = flags[c][s] if c in flags else True
+        if self.first_at is None:
+            self.first_at = time.time()
+        self.n = b
+
+    def table(self) -> pa.Table:
+        """The rows put so far, in the log's schema."""
+        n = self.n
+        version = self.model_version[:n]
+        cols: dict[str, pa.Array] = {
+            "request_id": pa.array(self.request_id[:n], pa.string()),
+            "logged_at": pa.array((self.logged_at[:n] * 1e6).astype(np.int64), pa.timestamp("us", tz="UTC")),
+            "origin": pa.array(self.origin[:n], pa.string()),
+            "domain": pa.array(self.domain[:n], pa.string()),
+            "model_version": pa.array(version, pa.int64(), mask=version < 0),
+        }
+        for k, (ids, present) in self.entities.items():
+            cols[k] = pa.array(ids[:n], pa.int64(), mask=~present[:n])
+        for k, values in self.passthrough.items():
+            cols[k] = pa.array(values[:n], pa.string())
+        for o, values in self.probabilities.items():
+            cols[f"p_{o}"] = pa.array(values[:n], pa.float64())
+        cols["unknown_entities"] = pa.array(self.unknown[:n], pa.string())
+        cols["store_error"] = pa.array(self.store_error[:n], pa.bool_())
+        for c, (ids, present) in self.sparse.items():
+            cols[feature_column(c)] = pa.array(ids[:n], pa.int64(), mask=~present[:n])
+        for c, (values, present) in self.dense.items():
+            cols[feature_column(c)] = pa.array(values[:n], pa.float64(), mask=~present[:n])
+        return pa.table(cols, schema=self.schema.schema)
 
 
-def record_batch(schema: LogSchema, *, request_id: list, logged_at: float | np.ndarray, origin: str | np.ndarray, domain,
-                 model_version: int | None | np.ndarray, entities: dict[str, tuple[np.ndarray, np.ndarray]],
-                 passthrough: dict[str, list], probabilities: dict[str, np.ndarray], unknown: list[list[str]],
-                 store_error: bool | np.ndarray, sparse: dict[str, tuple[np.ndarray, np.ndarray]], dense: dict[str, np.ndarray],
-                 dense_present: dict[str, np.ndarray] | None = None) -> pa.Table:
-    """Columns of n scored rows -> an Arrow table in the log's schema.
-
-    entities / sparse: column -> (int64 ids, present mask); dense: column -> float64 values, null
-    where `dense_present` says the value was not sent; passthrough: column -> values (None: not sent).
-    logged_at, origin, model_version and store_error: one value for every row, or one per row
-    (model_version -1 per row: none)."""
-    n = len(request_id)
-    ts = (_per_row(logged_at, n, np.float64) * 1e6).astype(np.int64)
-    version = _per_row(-1 if model_version is None else model_version, n, np.int64)
-    cols: dict[str, pa.Array] = {
-        "request_id": pa.array(request_id, pa.string()),
-        "logged_at": pa.array(ts, pa.timestamp("us", tz="UTC")),
-        "origin": pa.array(_per_row(origin, n), pa.string()),
-        "domain": pa.array(np.asarray(domain, dtype=object), pa.string()),
-        "model_version": pa.array(version, pa.int64(), mask=version < 0),
-    }
-    missing = np.zeros(n, bool)
-    for k in schema.entity_keys:
-        ids, present = entities[k]
-        cols[k] = pa.array(ids, pa.int64(), mask=~np.asarray(present, bool))
-    for k in schema.passthrough:
-        vals = passthrough.get(k)
-        cols[k] = pa.array([None if v is None else str(v) for v in vals] if vals is not None else [None] * n, pa.string())
-    for o in schema.objectives:
-        cols[f"p_{o}"] = pa.array(np.asarray(probabilities[o], np.float64), pa.float64())
-    cols["unknown_entities"] = pa.array([",".join(u) for u in unknown], pa.string())
-    cols["store_error"] = pa.array(_per_row(store_error, n, bool), pa.bool_())
-    for c in schema.sparse:
-        if c in sparse:
-            ids, present = sparse[c]
-            cols[feature_column(c)] = pa.array(ids, pa.int64(), mask=~np.asarray(present, bool))
-        else:
-            cols[feature_column(c)] = pa.nulls(n, pa.int64())
-    present_of = dense_present or {}
-    for c in schema.dense:
-        if c in dense:
-            mask = ~np.asarray(present_of[c], bool) if c in present_of else missing
-            cols[feature_column(c)] = pa.array(np.asarray(dense[c], np.float64), pa.float64(), mask=mask)
-        else:
-            cols[feature_column(c)] = pa.nulls(n, pa.float64())
-    return pa.table(cols, schema=schema.schema)
-
-
-_IDS, _PRESENT = itemgetter(0), itemgetter(1)
-
-
-def _transpose(groups: list[dict], names: list[str]) -> list | None:
-    """Per name, its value in every dict of `groups` (one pass of itemgetter and zip, in C), or
-    None when some dict lacks a name (the caller then goes key by key)."""
-    if not names:
-        return []
-    try:
-        rows = list(map(itemgetter(*names), groups))
-    except KeyError:
-        return None
-    return [rows] if len(names) == 1 else list(zip(*rows))
-
-
-def merge_columns(items: list[dict], schema: LogSchema | None = None, pause=None) -> dict:
-    """Many `record_batch` argument sets (one per scored request) -> one, so that a flush builds
-    one Arrow table (a few dozen array conversions) instead of one per request: for single
-    requests that is most of the log's cost. Runs in the writer's thread, holding the GIL in its
-    Python parts: one concatenation per column. When every request carries the same columns (the
-    usual case) they are gathered by `_transpose`, in C; key by key in Python otherwise, which
-    held the GIL ~19 ms for 1,000 single requests and moved single-request p99 by ~0.7 ms
-    (bench/bench_serving.py --ops --ops-modes on,off,metrics,log). `pause()` runs between columns: the writer passes `time.sleep(0)`, which hands the GIL to a
-    waiting request at once instead of after the interpreter's 5 ms switch interval."""
-    pause = pause or (lambda: None)
-    if len(items) == 1:
-        return items[0]
-    ns = np.array([len(c["request_id"]) for c in items])
-
-    def scalar_or_rows(name: str, dtype, fill) -> np.ndarray:
-        vals = [c[name] for c in items]
-        if all(np.isscalar(v) or v is None for v in vals):  # the usual case: one value per request
-            return np.repeat(np.array([fill if v is None else v for v in vals], dtype), ns)
-        return np.concatenate([_per_row(fill if v is None else v, n, dtype) for v, n in zip(vals, ns)])
-
-    def column(group: str, k: str, part: int | None, make) -> np.ndarray:
-        pause()
-        got = [c[group].get(k) for c in items]
-        return np.concatenate([make(n) if g is None else (g if part is None else g[part]) for g, n in zip(got, ns)])
-
-    def pairs(group: str, wanted: list[str] | None = None) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-        groups = list(map(itemgetter(group), items))
-        same = wanted is not None or len(set(map(len, groups))) == 1
-        cols = _transpose(groups, list(wanted if wanted is not None else groups[0])) if same else None
-        if cols is not None:
-            out = {}
-            for k, vals in zip(wanted if wanted is not None else groups[0], cols):
-                pause()
-                out[k] = (np.concatenate(list(map(_IDS, vals))), np.concatenate(list(map(_PRESENT, vals))))
-            return out
-        names = wanted if wanted is not None else dict.fromkeys(k for c in items for k in c[group])
-        return {k: (column(group, k, 0, lambda n: np.zeros(n, np.int64)), column(group, k, 1, lambda n: np.zeros(n, bool)))
-                for k in names}
-
-    # only the columns the log keeps (a request's dense dict also holds presence flags)
-    dense_names = schema.dense if schema is not None else list(dict.fromkeys(k for c in items for k in c["dense"]))
-    sparse_names = schema.sparse if schema is not None else None
-    for c in items:
-        c.setdefault("dense_present", {})
-    dense_cols = _transpose(list(map(itemgetter("dense"), items)), list(dense_names))
-    present = {}
-    if dense_cols is not None:  # every request sent every dense column
-        dense = {}
-        for k, vals in zip(dense_names, dense_cols):
-            pause()
-            dense[k] = np.concatenate(vals)
-        # every request flags the same columns (raw dense ones; aggregates have none): those get
-        # their masks, the others are present wherever given, i.e. everywhere (no mask)
-        flag_groups = list(map(itemgetter("dense_present"), items))
-        flagged = list(flag_groups[0])
-        flag_cols = _transpose(flag_groups, flagged) if len(set(map(len, flag_groups))) == 1 else None
-        if flag_cols is not None:
-            present = {k: np.concatenate([np.asarray(f, bool) for f in flags]) for k, flags in zip(flagged, flag_cols) if k in dense}
-        else:
-            dense_cols = None  # requests flag different columns: key by key below
-    if dense_cols is None:
-        dense = {k: column("dense", k, None, np.zeros) for k in dense_names if any(k in c["dense"] for c in items)}
-    for k in dense if dense_cols is None else ():
-        flags = [c["dense_present"].get(k) for c in items]
-        if all(f is None for f in flags) and all(k in c["dense"] for c in items):
-            continue  # present wherever it is given: no mask (aggregates)
-        present[k] = np.concatenate([np.full(n, k in c["dense"]) if f is None else np.asarray(f, bool)
-                                     for f, c, n in zip(flags, items, ns)])
-    pt_names = dict.fromkeys(k for c in items for k in c["passthrough"])
-    return {
-        "request_id": [r for c in items for r in c["request_id"]],
-        "logged_at": scalar_or_rows("logged_at", np.float64, 0.0),
-        "origin": scalar_or_rows("origin", object, None),
-        "domain": np.concatenate([np.asarray(c["domain"], object) for c in items]),
-        "model_version": scalar_or_rows("model_version", np.int64, -1),
-        "entities": pairs("entities"),
-        "passthrough": {k: [v for c, n in zip(items, ns) for v in (c["passthrough"].get(k) or [None] * n)] for k in pt_names},
-        "probabilities": {o: np.concatenate([c["probabilities"][o] for c in items]).astype(np.float64, copy=False)
-                          for o in items[0]["probabilities"]},
-        "unknown": [u for c in items for u in c["unknown"]],
-        "store_error": scalar_or_rows("store_error", bool, False),
-        "sparse": pairs("sparse", sparse_names),
-        "dense": dense, "dense_present": present,
-    }
+def record_batch(schema: LogSchema, **columns) -> pa.Table:
+    """Columns of n scored rows (`LogChunk.put`'s arguments) -> an Arrow table in the log's schema."""
+    n = len(columns["request_id"])
+    chunk = LogChunk(schema, n)
+    chunk.put(0, n, **columns)
+    return chunk.table()
 
 
 def write_partitioned(table: pa.Table, root: Path) -> list[Path]:
@@ -266,7 +240,6 @@ def frame_batch(schema: LogSchema, frame, probabilities: dict[str, np.ndarray], 
                 model_version: int | None, origin: str = "batch", logged_at: float | None = None) -> pa.Table:
     """Rows in the consolidated layout (`lattice predict`'s parsed input, aggregates attached)
     -> the log's table; the example id is the request id, as serving's clients send it."""
-    import time
 
     n = len(frame)
     entities = {k: _ids(frame[k]) if k in frame else (np.zeros(n, np.int64), np.zeros(n, bool)) for k in schema.entity_keys}

@@ -131,9 +131,10 @@ def test_unwritable_folder_counts_drops_and_still_answers(config, tmp_path):
 
 
 def test_full_queue_drops_and_counts(config, tmp_path):
-    writer = PredictionLogWriter(LogSchema(config), tmp_path, queue_records=2, flush_seconds=3600, flush_records=100)
+    schema = LogSchema(config)
+    writer = PredictionLogWriter(schema, tmp_path, queue_records=2, flush_seconds=3600, flush_records=100)
     cols = dict(logged_at=0.0, origin="serve", domain=["feed"], model_version=1, entities={}, passthrough={},
-                probabilities={}, unknown=[[]], store_error=False, sparse={}, dense={})
+                probabilities={o: np.zeros(1) for o in schema.objectives}, unknown=[[]], store_error=False, sparse={}, dense={})
     assert writer.submit(1, request_id=["a"], **cols) and writer.submit(1, request_id=["b"], **cols)
     assert not writer.submit(1, request_id=["c"], **cols)
     assert writer.dropped == {"queue_full": 1}
@@ -215,63 +216,84 @@ def test_both_off(config, tmp_path):
     assert not log_dir(tmp_path).exists()
 
 
-def test_merged_requests_make_the_same_rows(config):
-    """A flush merges many requests' columns into one table: the rows equal those of each
-    request's own table, whatever each request carried."""
-    import pyarrow as pa
-
-    from lattice.monitoring.records import merge_columns, record_batch
-
-    schema = LogSchema(config)
-    ids = lambda *v: (np.array(v, np.int64), np.ones(len(v), bool))
-
-    def item(rid, n, version, price, origin="serve"):
-        return dict(request_id=[f"{rid}{i}" for i in range(n)], logged_at=1_767_618_000.0 + n, origin=origin,
-                    domain=["feed"] * n, model_version=version, entities={"user_id": ids(*range(n)), "ad_id": ids(*range(n))},
-                    passthrough={}, probabilities={"click": np.full(n, 0.1 * n), "conversion": np.zeros(n)},
-                    unknown=[["ad_id"]] * n, store_error=n == 2, sparse={"device": ids(*[5] * n)},
-                    dense={} if price is None else {"price": np.full(n, price)},
-                    dense_present={} if price is None else {"price": np.ones(n, bool)})
-
-    items = [item("a", 1, 4, 2.5), item("b", 2, None, None, origin="batch"), item("c", 3, 5, 1.0)]
-    merged = record_batch(schema, **merge_columns(items))
-    assert record_batch(schema, **merge_columns([dict(c) for c in items], schema)).equals(merged)
-    separate = pa.concat_tables([record_batch(schema, **c) for c in items])
-    assert merged.equals(separate)
-    assert merged.column("model_version").to_pylist() == [4, None, None, 5, 5, 5]
-
-
-def test_requests_with_the_same_columns_merge_by_the_fast_path(config):
-    """The usual flush: every request carries the same columns (a raw dense column with its
-    presence flags, an aggregate without), gathered in one pass; the rows equal each request's
-    own table, and a request that lacks a column falls back to the key-by-key path."""
-    import pyarrow as pa
-
-    from lattice.monitoring.records import merge_columns, record_batch
-
-    schema = LogSchema(config)
-    dense_cols = list(schema.dense)
-    assert len(dense_cols) >= 2, "the demo logs a raw dense column and an aggregate"
-    raw, agg = dense_cols[0], dense_cols[1]
+def _item(rid: str, n: int, version, price, origin="serve", logged_at=1_767_618_000.0):
     ids = lambda *v: (np.array(v, np.int64), np.array([x % 2 == 0 for x in v], bool))
+    return dict(request_id=[f"{rid}{i}" for i in range(n)], logged_at=logged_at + n, origin=origin,
+                domain=["feed"] * n, model_version=version, entities={"user_id": ids(*range(n)), "ad_id": ids(*range(n))},
+                passthrough={}, probabilities={"click": np.full(n, 0.1 * n), "conversion": np.zeros(n)},
+                unknown=[["ad_id"]] * n, store_error=n == 2, sparse={"device": ids(*[5] * n)},
+                dense={} if price is None else {"price": np.full(n, price)},
+                dense_present={} if price is None else {"price": np.array([i % 3 != 0 for i in range(n)])})
 
-    def item(k, n):
-        return dict(request_id=[f"r{k}-{i}" for i in range(n)], logged_at=1_767_618_000.0 + k, origin="serve",
-                    domain=["search"] * n, model_version=7, entities={"user_id": ids(*range(k, k + n)), "ad_id": ids(*[k] * n)},
-                    passthrough={}, probabilities={"click": np.full(n, 0.01 * k), "conversion": np.zeros(n)},
-                    unknown=[[]] * n, store_error=False, sparse={s: ids(*[k + 1] * n) for s in schema.sparse},
-                    dense={raw: np.full(n, float(k)), agg: np.full(n, 2.0 * k)},
-                    dense_present={raw: np.array([k % 3 != 0] * n)})
 
-    items = [item(k, 1 if k % 4 else 3) for k in range(40)]
+def test_a_chunk_filled_request_by_request_makes_each_requests_rows(config):
+    """Requests copied one after another into one chunk (whatever each carried) give the rows
+    of each request's own table; a chunk refilled after a reset keeps nothing of its last rows
+    (a column the new request lacks is null, not the old value)."""
+    import pyarrow as pa
+
+    from lattice.monitoring.records import LogChunk, record_batch
+
+    schema = LogSchema(config)
+    items = [_item("a", 1, 4, 2.5), _item("b", 2, None, None, origin="batch"), _item("c", 3, 5, 1.0)]
+    chunk = LogChunk(schema, 8)
+    for c in items:
+        chunk.put(0, len(c["request_id"]), **c)
+    assert chunk.n == 6 and chunk.room == 2
     separate = pa.concat_tables([record_batch(schema, **c) for c in items])
-    assert record_batch(schema, **merge_columns([dict(c) for c in items], schema)).equals(separate)
-    assert separate.column(f"f.{raw}").null_count > 0 and separate.column(f"f.{agg}").null_count == 0  # the flags were applied
-    # one request without the aggregate: the key-by-key path, the same rows as its own tables
-    odd = dict(items[5], dense={raw: np.full(len(items[5]["request_id"]), 5.0)})
-    mixed = [*items[:5], odd, *items[6:]]
-    assert record_batch(schema, **merge_columns([dict(c) for c in mixed], schema)).equals(
-        pa.concat_tables([record_batch(schema, **c) for c in mixed]))
+    assert chunk.table().equals(separate)
+    assert separate.column("model_version").to_pylist() == [4, None, None, 5, 5, 5]
+    assert separate.column("f.price").to_pylist() == [None, None, None, None, 1.0, 1.0]  # flags applied; absent is null
+    assert separate.column("ad_id").to_pylist() == [0, 0, None, 0, None, 2]
+    chunk.reset()
+    chunk.put(0, 2, **items[1])  # no price, no version: where the old rows had both
+    assert chunk.table().equals(record_batch(schema, **items[1]))
+    assert chunk.table().column("f.price").null_count == 2
+    with pytest.raises(ValueError, match="do not fit"):
+        chunk.put(0, 7, **_item("d", 7, 1, 1.0))
+    assert chunk.n == 2
+
+
+def test_the_writer_spans_chunks_and_reuses_them(config, tmp_path):
+    """A request larger than a chunk's room goes on in the next; after each write the chunks are
+    refilled, and every record is written once."""
+    from lattice.serving.prediction_log import PredictionLogWriter
+
+    schema = LogSchema(config)
+    writer = PredictionLogWriter(schema, tmp_path, flush_records=4, flush_seconds=60)
+    try:
+        sent, chunks = [], []
+        for round in range(2):
+            for k, n in enumerate([3, 6, 1, 9, 2]):
+                item = _item(f"r{round}-{k}-", n, k, float(k))
+                sent += item["request_id"]
+                assert writer.submit(n, **item)
+                writer.flush()
+            chunks.append({id(c) for c in writer._spare})
+            assert not writer._filling and all(c.n == 0 for c in writer._spare)
+        assert writer.written == len(sent) and writer.dropped_total == 0
+        assert chunks[1] == chunks[0] and len(chunks[0]) == 3  # 9 rows took 3 chunks of 4; the second round allocated none
+    finally:
+        writer.close()
+    got = ds.dataset(tmp_path, partitioning="hive").to_table().column("request_id").to_pylist()
+    assert sorted(got) == sorted(sent) and len(got) == len(sent)
+
+
+def test_rows_that_cannot_be_copied_are_counted_and_the_rest_kept(config, tmp_path):
+    from lattice.serving.prediction_log import PredictionLogWriter
+
+    writer = PredictionLogWriter(LogSchema(config), tmp_path, flush_seconds=60)
+    try:
+        bad = _item("x", 2, 1, 1.0)
+        bad["probabilities"] = {"click": np.zeros(2)}  # an objective missing: the copy fails
+        assert not writer.submit(2, **bad)
+        assert "conversion" in writer.last_error
+        assert writer.submit(1, **_item("ok", 1, 1, 1.0))
+        writer.flush()
+        assert writer.dropped == {"record_error": 2} and writer.written == 1
+    finally:
+        writer.close()
+    assert ds.dataset(tmp_path, partitioning="hive").to_table().column("request_id").to_pylist() == ["ok0"]
 
 
 def _cell(period: str, version: int = 7, count: int = 400, ne: float = 0.9, auc: float = 0.7, **kw) -> dict:
