@@ -202,6 +202,18 @@ def record_batch(schema: LogSchema, **columns) -> pa.Table:
     return chunk.table()
 
 
+# Columns with few distinct values: parquet's dictionary encoding shrinks them. On the others
+# (request ids, entity ids, scores, dense values) it is work that falls back to plain encoding:
+# restricted to these, a 5,120-row part of the demo's schema was 15% smaller (546 -> 463 kB,
+# zstd) and no slower to write (docs/bench/serving.md).
+_FEW_VALUES = ("origin", "domain", "unknown_entities", "model_version")
+
+
+def _dictionary_columns(table: pa.Table) -> list[str]:
+    return [f.name for f in table.schema
+            if f.name in _FEW_VALUES or (f.name.startswith(FEATURE_PREFIX) and pa.types.is_integer(f.type))]
+
+
 def write_partitioned(table: pa.Table, root: Path) -> list[Path]:
     """Append `table` under `root/hour=.../part-<unique>.parquet`, one file per hour it spans.
 
@@ -219,7 +231,7 @@ def write_partitioned(table: pa.Table, root: Path) -> list[Path]:
         name = f"part-{os.getpid()}-{uuid.uuid4().hex[:12]}.parquet"
         tmp = folder / f".{name}.tmp"
         try:
-            pq.write_table(part, tmp, compression="zstd")
+            pq.write_table(part, tmp, compression="zstd", use_dictionary=_dictionary_columns(part))
             os.replace(tmp, folder / name)
         except BaseException:
             tmp.unlink(missing_ok=True)  # a full disk must not leave half a part behind to fill it further

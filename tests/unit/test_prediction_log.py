@@ -347,3 +347,21 @@ def test_no_monitor_run_yet_means_no_online_figures(config, tmp_path):
         fam = _families(client.get("/metrics").text)
     assert "lattice_online_ne" not in fam and "lattice_monitor_age_seconds" not in fam
     assert _value(fam, "lattice_monitor_read_errors", "lattice_monitor_read_errors") == 0
+
+
+def test_parts_dictionary_encode_only_the_columns_with_few_values(config, tmp_path):
+    """Domains, origins and sparse feature ids repeat: dictionary-encoded. Request ids, entity
+    ids and scores are left plain, where a dictionary is only work; the rows read back unchanged."""
+    import pyarrow.parquet as pq
+
+    from lattice.monitoring.records import record_batch, write_partitioned
+
+    schema = LogSchema(config)
+    table = record_batch(schema, **_item("e", 40, 3, 2.0))
+    (part,) = write_partitioned(table, tmp_path)
+    meta = pq.ParquetFile(part).metadata.row_group(0)
+    encodings = {meta.column(i).path_in_schema: meta.column(i).encodings for i in range(meta.num_columns)}
+    assert "RLE_DICTIONARY" in encodings["domain"] and "RLE_DICTIONARY" in encodings["f.device"]
+    assert "RLE_DICTIONARY" not in encodings["request_id"] and "RLE_DICTIONARY" not in encodings["p_click"]
+    assert "RLE_DICTIONARY" not in encodings["user_id"]
+    assert pq.read_table(part).equals(table)
