@@ -12,7 +12,8 @@ their interval (`--warmup-in-one-run`; tests/integration/test_pipeline_demo.py: 
 (A) issue 34. Every day t from `--first` on, after day t's features run: (a) the teacher
     warm-started from yesterday's (`warm_start: last`) and (b) a from-scratch teacher on the
     trailing `--window`, both with the window ending before day t (validation t-1, test t), then
-    the student distilled from (a) (warm-started from the last student), exported, registered and
+    the student distilled from (a) (from scratch on the window; `--student-warm-start last`:
+    continued from the last student on the days it has not seen), exported, registered and
     gated on day t; the promoted student's next-day NE is the gate's (challenger when promoted,
     else the champion it kept). Per day and cell: next-day NE of (a), (b), (c); means over the
     judged days: (a)/(b) per cell, examples processed (a)/(b), student/teacher.
@@ -138,7 +139,7 @@ class Life:
 # ---------------------------------------------------------------- (A) retraining every day
 
 
-def train_round(cfg, paths, end: str, first: bool, scratch: bool) -> dict:
+def train_round(cfg, paths, end: str, first: bool, scratch: bool, student_warm: str = "none") -> dict:
     """One day's teacher chain: warm teacher (or the first window's), from-scratch teacher, student
     distilled, exported and registered, then the next-day gate."""
     from lattice.stages import run_stage
@@ -160,7 +161,8 @@ def train_round(cfg, paths, end: str, first: bool, scratch: bool) -> dict:
                           "examples": sum(e["examples"] for e in s["history"]), "seconds": time.perf_counter() - t}
     t = time.perf_counter()
     with quiet():
-        d = run_stage("distill", cfg, paths, end=end, progress=False, register=True, export=True)
+        d = run_stage("distill", cfg, paths, end=end, progress=False, register=True, export=True,
+                      warm_start="none" if first else student_warm)
     m = json.loads((paths.model_dir("student") / "metrics.json").read_text())
     out["student"] = {"cells": cells_of(m), "macro": m["macro"]["ne"], "seconds": time.perf_counter() - t,
                       "version": d["student"]["version"]}
@@ -199,7 +201,7 @@ def part_a(life: Life, report: dict) -> None:
             print(f"| {date} (day {t1}) | {f['wall']:.0f} | | | | features only | | | | |", flush=True)
             continue
         first = t1 == args.first - 1
-        r = train_round(cfg, paths, end=date, first=first, scratch=not first)
+        r = train_round(cfg, paths, end=date, first=first, scratch=not first, student_warm=args.student_warm_start)
         rounds[date] = r
         g = r["gate"]
         sc = r.get("scratch")
@@ -426,7 +428,7 @@ class Serving:
                 rec["retrain_started"] = True
         if self.retrain_on == k:
             # the retrain asset's chain: warm teacher on the days since the champion's, student, next-day gate on day k
-            r = train_round(cfg, self.paths, end=date, first=False, scratch=False)
+            r = train_round(cfg, self.paths, end=date, first=False, scratch=False, student_warm=self.args.student_warm_start)
             self.retrain_on = None
             if r["gate"]["passed"]:
                 self.version = r["gate"]["champion_after"]
@@ -540,6 +542,8 @@ def main() -> None:
     ap.add_argument("--sizes", default="tiny", choices=["tiny", "config"],
                     help="model sizes: lattice.training.tiny's (the teacher 8-wide, the student 4-wide in half the "
                          "rows) or the market config's own teacher and student")
+    ap.add_argument("--student-warm-start", default="none", choices=["none", "last"],
+                    help="the daily student: from scratch on the window (none) or continued from the last student (last)")
     ap.add_argument("--window-validation", type=float, default=1.0,
                     help="training.window_validation: the share of the window's newest day held out for validation "
                          "(the rest trains); 1 holds out the whole day")
@@ -589,7 +593,8 @@ def main() -> None:
     m = life.synth()
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; demo market "
           f"{args.days * args.rows_per_day:,} rows over {args.days} days ({args.rows_per_day:,}/day), seed {args.market_seed}; "
-          f"shock: {cfg.synthetic.market.shock}; {args.sizes} model sizes; {args.epochs} epoch(s); workdir {base}")
+          f"shock: {cfg.synthetic.market.shock}; {args.sizes} model sizes; {args.epochs} epoch(s); student warm start "
+          f"{args.student_warm_start}; workdir {base}")
     report["market"] = {k: m.get(k) for k in ("rows", "rows_per_domain", "label_sums")}
     serve = None
     if "C" in parts:
