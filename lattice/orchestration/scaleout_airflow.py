@@ -24,7 +24,7 @@ from pathlib import Path
 
 from lattice.deploy.profile import Services, redact
 from lattice.orchestration import airflow_users
-from lattice.orchestration.airflow_env import free_port, local_airflow_env, venv_bin
+from lattice.orchestration.airflow_env import free_port, group_alive, local_airflow_env, venv_bin
 
 STATE_FILE = "lattice-scaleout.json"
 HEALTHY = ("metadatabase", "scheduler", "triggerer", "dag_processor")
@@ -49,19 +49,7 @@ class ScaleoutAirflow:
         return Path(self.home) / "logs"
 
     def alive(self) -> dict[str, bool]:
-        return {name: _alive(pid) for name, pid in self.pids.items()}
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.waitpid(pid, os.WNOHANG)  # reap it if we are its parent: a zombie still counts as a group member
-    except ChildProcessError:
-        pass
-    try:
-        os.killpg(pid, 0)
-    except (ProcessLookupError, PermissionError):
-        return False
-    return True
+        return {name: group_alive(pid) for name, pid in self.pids.items()}
 
 
 def default_users_file(svc: Services) -> Path:
@@ -263,13 +251,13 @@ def stop(home: Path, timeout: float = 30.0) -> dict:
     if af is None:
         return {"stopped": []}
     for pid in af.pids.values():
-        if _alive(pid):
+        if group_alive(pid):
             os.killpg(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout
-    while any(_alive(p) for p in af.pids.values()) and time.monotonic() < deadline:
+    while any(group_alive(p) for p in af.pids.values()) and time.monotonic() < deadline:
         time.sleep(0.5)
     for pid in af.pids.values():
-        if _alive(pid):
+        if group_alive(pid):
             os.killpg(pid, signal.SIGKILL)  # a Celery worker waiting on a long task
     (Path(af.home) / STATE_FILE).unlink(missing_ok=True)
     return {"stopped": sorted(af.pids)}

@@ -15,7 +15,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from lattice.orchestration.airflow_env import free_port, local_airflow_env, venv_bin
+from lattice.orchestration.airflow_env import free_port, group_alive, local_airflow_env, venv_bin
 from lattice.orchestration.airflow_users import EMBEDDED_USERS, ensure_passwords
 from lattice.orchestration.locations import project_root
 
@@ -51,11 +51,7 @@ class Standalone:
         return Path(self.home) / PASSWORDS_FILE
 
     def alive(self) -> bool:
-        try:
-            os.killpg(self.pid, 0)
-        except (ProcessLookupError, PermissionError):
-            return False
-        return True
+        return group_alive(self.pid)
 
     def log_tail(self, lines: int = 40) -> str:
         try:

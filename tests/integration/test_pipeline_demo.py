@@ -164,8 +164,13 @@ def test_rerun_of_a_date_replaces_its_partition(demo, spark):
     before = read_table(paths.consolidated)
     day = sorted(before.date.unique())[1]
     nxt = str(dt.date.fromisoformat(day) + dt.timedelta(days=1))
+    mtimes = {f: f.stat().st_mtime_ns for f in paths.consolidated.rglob("*.parquet")}
     res = ingest_and_consolidate(config, paths, start=day, end=nxt)
     assert res["partitions"] == [day]
+    # only that day's files were rewritten; every other day's files are the same files, untouched
+    again = {f: f.stat().st_mtime_ns for f in paths.consolidated.rglob("*.parquet")}
+    changed = {f for f in set(mtimes) | set(again) if mtimes.get(f) != again.get(f)}
+    assert changed and all(f"date={day}" in str(f) for f in changed), sorted(map(str, changed))[:5]
     assert all(r["balanced"] for r in res["reconciliation"])
     assert res["totals"]["rows_out"] == int((before.date == day).sum())
     assert res["totals"]["skipped"] == len(before) - res["totals"]["rows_out"]
@@ -186,6 +191,9 @@ def test_data_docs_and_raw_suites(demo):
     from pathlib import Path
 
     assert Path(cons["paths"]["data_docs"]).is_file()
+    # the run's one Data Docs build rendered every suite's result of this run
+    site = Path(cons["paths"]["data_docs"]).parent
+    assert {s for s in suites if list((site / "validations" / s / cons["run_id"]).rglob("*.html"))} == set(suites)
 
 
 def test_feast_cross_check_agrees_and_catches_a_wrong_value(demo, tmp_path):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -31,5 +32,11 @@ def test_stop_ends_the_recorded_process_group_only(tmp_path: Path) -> None:
     assert standalone.running(tmp_path) is not None
     stopped = standalone.stop(tmp_path, timeout=10)
     assert stopped is not None and stopped.pid == proc.pid
-    assert proc.wait(timeout=10) != 0
+    # stop reaped it (its exit status went to stop, not to proc.wait): the process is gone
+    try:
+        os.kill(proc.pid, 0)
+        gone = False
+    except ProcessLookupError:
+        gone = True
+    assert gone, "the recorded process still runs (or is an unreaped zombie) after stop"
     assert standalone.running(tmp_path) is None and not (tmp_path / standalone.STATE_FILE).exists()
