@@ -17,6 +17,12 @@ For an objective with attribution window W, an impression at time t:
   - `zipper`: the objective's own label and mask follow `mask` (validation and the served head
     are judged on closed windows); the Zipper heads' labels come from lattice.data.zipper.
 Objectives without a window are known at the impression and pass through unchanged.
+
+A warm start under `mask` trains each label once, when it becomes known: the days its parent
+trained on while their windows were open come back as `matured` days (`matured_days`), whose rows
+train only on the labels that closed since the parent's cutoff (`train_newly_known`). Without
+that, a daily warm start sees a delayed objective's labels only through replay, and its heads
+starve (bench/bench_market_life.py, docs/bench/market-life.md).
 """
 
 from __future__ import annotations
@@ -132,4 +138,50 @@ def apply_cutoff_arrow(tbl: pa.Table, cutoff: dt.datetime, config: PlatformConfi
         lab, msk = labels_at_cutoff(lab, msk, event, known, _cutoff_us(cutoff), attribution_window(config, o), mode)
         tbl = tbl.set_column(tbl.column_names.index(lc), lc, pa.array(lab, type=lab_arr.type))
         tbl = tbl.set_column(tbl.column_names.index(mc), mc, pa.array(msk, type=msk_arr.type))
+    return tbl
+
+
+def matured_days(config: PlatformConfig, trained_before: list[str], parent_cutoff: dt.datetime | None,
+                 cutoff: dt.datetime | None) -> list[str]:
+    """Days of `trained_before` (train days the parent already trained on) whose impressions had
+    a delayed objective's window still open at the parent's cutoff and have one closed at this
+    run's `cutoff`: under `label_delay: mask` the parent never saw those labels."""
+    if parent_cutoff is None or cutoff is None or config.training.label_delay != "mask":
+        return []
+    windows = [attribution_window(config, o) for o in delayed_objectives(config)]
+    one = dt.timedelta(days=1)
+    out = []
+    for d in sorted(trained_before):
+        start = dt.datetime.combine(dt.date.fromisoformat(d), dt.time())
+        # the day's impressions [start, start + 1d) close in [start + W, start + 1d + W)
+        if any(start + w < _naive(cutoff) and start + one + w > _naive(parent_cutoff) for w in windows):
+            out.append(d)
+    return out
+
+
+def _naive(t: dt.datetime) -> dt.datetime:
+    return t.astimezone(dt.timezone.utc).replace(tzinfo=None) if t.tzinfo else t
+
+
+def train_newly_known(tbl: pa.Table, rows: np.ndarray, parent_cutoff: dt.datetime, config: PlatformConfig) -> pa.Table:
+    """On `rows` (a matured day's rows, after `apply_cutoff_arrow`): keep only the labels that
+    became known after `parent_cutoff`. An objective without a window was known at the impression
+    (the parent trained on it): mask 0; a delayed one keeps its mask where its window closed after
+    the parent's cutoff, 0 where the parent already trained on it."""
+    if not rows.any():
+        return tbl
+    event = _to_us(tbl.column("event_timestamp").to_pandas())
+    before = _cutoff_us(parent_cutoff)
+    for o in config.objective_names:
+        mc = S.mask_column(o)
+        if mc not in tbl.column_names:
+            continue
+        window = attribution_window(config, o)
+        msk = pc.fill_null(tbl.column(mc), 0).to_numpy().copy()
+        if window is None:
+            msk[rows] = 0
+        else:
+            known_then = event + int(window / dt.timedelta(microseconds=1)) <= before
+            msk[rows & known_then] = 0
+        tbl = tbl.set_column(tbl.column_names.index(mc), mc, pa.array(msk, type=tbl.column(mc).type))
     return tbl

@@ -328,6 +328,10 @@ class ExampleStream(IterableDataset):
         heads = zipper_heads_arrow(tbl, self.label_cutoff, self.config) if zipper else {}
         if self.label_cutoff is not None:
             tbl = label_time.apply_cutoff_arrow(tbl, self.label_cutoff, self.config)
+        if self.split == "train" and self.days is not None and self.days.matured and self.days.parent_cutoff:
+            ids = _column(tbl, "example_id", part)
+            rows = self.days.newly_known_rows(row_dates(tbl, part), ids.to_pylist() if ids is not None else [])
+            tbl = label_time.train_newly_known(tbl, rows, dt.datetime.fromisoformat(self.days.parent_cutoff), self.config)
         keep = _row_split(self.config, tbl, part, self.split, self.days)
         if self.world_size > 1:
             j = np.cumsum(keep) - 1  # position among this unit's kept rows

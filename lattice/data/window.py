@@ -59,6 +59,12 @@ class DaySplits:
     replay: list[str] = field(default_factory=list)
     replay_share: float = 0.0
     validation_share: float = 1.0
+    matured: list[str] = field(default_factory=list)
+    """Days the parent trained on while some of their labels were still masked (label_delay: mask)
+    and whose labels have become known since: their rows train again, on those labels only
+    (`newly_known_rows`, lattice.data.label_time.train_newly_known)."""
+    parent_cutoff: str | None = None
+    """The parent's cutoff (ISO), which decides what it already knew of a matured day."""
 
     def split_of(self, dates: Iterable[str], example_ids: Iterable[str] | None, split: str) -> np.ndarray:
         """Boolean mask of the rows of `split` ("all": every row of the window and its test day)."""
@@ -75,16 +81,31 @@ class DaySplits:
                 held[shared] = hash_fraction(ids[shared].tolist()) < self.validation_share
                 keep = keep & held if split == "validation" else keep | (shared & ~held)
         if self.replay and split in ("train", "all") and self.replay_share > 0:
-            old = np.isin(dates, self.replay)
-            if old.any():
-                ids = np.asarray(list(example_ids), dtype=object)
-                chosen = np.zeros(len(dates), bool)
-                chosen[old] = hash_fraction(ids[old].tolist()) < self.replay_share
-                keep |= chosen
+            keep |= self._replayed(dates, example_ids)
+        if self.matured and split in ("train", "all"):
+            keep |= np.isin(dates, self.matured)
         return keep
 
+    def _replayed(self, dates: np.ndarray, example_ids) -> np.ndarray:
+        chosen = np.zeros(len(dates), bool)
+        old = np.isin(dates, self.replay)
+        if old.any() and self.replay_share > 0:
+            from lattice.data.split import hash_fraction
+
+            ids = np.asarray(list(example_ids), dtype=object)
+            chosen[old] = hash_fraction(ids[old].tolist()) < self.replay_share
+        return chosen
+
+    def newly_known_rows(self, dates: Iterable[str], example_ids: Iterable[str]) -> np.ndarray:
+        """Rows of the matured days that train only on what became known since the parent's
+        cutoff (a replayed row trains on all its labels, as every replayed row does)."""
+        dates = np.asarray(list(dates), dtype=object)
+        if not self.matured:
+            return np.zeros(len(dates), bool)
+        return np.isin(dates, self.matured) & ~self._replayed(dates, list(example_ids))
+
     def wanted(self, date: str) -> bool:
-        return date in self.days or date in self.replay
+        return date in self.days or date in self.replay or date in self.matured
 
     def train_days(self) -> list[str]:
         """The days this run trains on (not the replayed ones): its train days and, when only a
@@ -105,14 +126,14 @@ class DaySplits:
 
     def to_json(self) -> dict:
         return {"days": self.days, "replay": self.replay, "replay_share": self.replay_share,
-                "validation_share": self.validation_share}
+                "validation_share": self.validation_share, "matured": self.matured, "parent_cutoff": self.parent_cutoff}
 
     @classmethod
     def from_json(cls, d: dict | None) -> "DaySplits | None":
         if d is None:
             return None
         return cls(dict(d["days"]), list(d.get("replay", [])), float(d.get("replay_share", 0.0)),
-                   float(d.get("validation_share", 1.0)))
+                   float(d.get("validation_share", 1.0)), list(d.get("matured", [])), d.get("parent_cutoff"))
 
 
 @dataclass(frozen=True)

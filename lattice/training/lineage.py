@@ -8,6 +8,7 @@ the model folder; the registry copies it into tags, the export into metadata.jso
      "days_seen": ["2026-01-01", ...],     every day the model (and its ancestors) trained on
      "trained_days": [...],                 the days this run trained on (new days)
      "replayed_days": [...], "replay_share": 0.1,
+     "matured_days": [...],                 days trained again on the labels known since the parent (mask)
      "window": null | {"train", "validation", "test", "end"},
      "judged_on": null | "2026-01-15"}      the day after the window (next-day judgment)
 """
@@ -26,6 +27,7 @@ def build(mode: str, parent_json: dict | None, window: TrainWindow | None, days:
     return {"warm_start": mode if parent_json else "none", "parent": parent_json, "days_seen": seen,
             "trained_days": trained, "replayed_days": list(days.replay) if days is not None else [],
             "replay_share": days.replay_share if days is not None else 0.0,
+            "matured_days": list(days.matured) if days is not None else [],
             "window": window.to_json() if window is not None else None,
             "judged_on": window.test if window is not None else None,
             "splits": days.to_json() if days is not None else None}

@@ -190,6 +190,9 @@ class Trainer:
         if self.days is not None:  # the run's train days (footers; a replayed day counts at its share)
             train_rows = window_rows(Path(spec.table), DaySplits({d: s for d, s in self.days.days.items() if s == "train"}))
             train_rows += window_rows(Path(spec.table), DaySplits({d: "train" for d in self.days.replay})) * self.days.replay_share
+            if self.days.matured:  # a matured day's rows that replay did not choose (their newly known labels)
+                train_rows += window_rows(Path(spec.table), DaySplits({d: "train" for d in self.days.matured})) * (
+                    1 - (self.days.replay_share if self.days.replay else 0.0))
             held = self.days.validation_day()
             if held is not None and self.days.validation_share < 1:
                 train_rows += window_rows(Path(spec.table), DaySplits({held: "train"})) * (1 - self.days.validation_share)

@@ -34,6 +34,19 @@ from lattice.training.spec import RunSpec
 log = logging.getLogger("lattice.training.ranks")  # what torchrun's ranks write, off a terminal
 
 
+def _add_matured_days(config: PlatformConfig, days, window, parent) -> None:
+    """Under `label_delay: mask`, a warm start also trains the parent's days whose delayed labels
+    became known since the parent's cutoff, on those labels only (lattice.data.label_time)."""
+    from lattice.data.label_time import matured_days
+    from lattice.data.window import DaySplits
+
+    before = DaySplits.from_json((parent.lineage or {}).get("splits"))
+    parent_cutoff = before.cutoff() if before is not None else None
+    seen = set(parent.days_seen)
+    days.matured = matured_days(config, [d for d in window.train if d in seen], parent_cutoff, days.cutoff())
+    days.parent_cutoff = parent_cutoff.isoformat() if days.matured else None
+
+
 def train(config: PlatformConfig, paths: Paths, model: str = "teacher", nproc: int | None = None, epochs: int | None = None,
           teacher_scores: str | Path | None = None, seed: int | None = None, resume: bool = False,
           checkpoint_every: int | None = None, stop_after: int | None = None, progress: bool = True,
@@ -81,7 +94,9 @@ def train(config: PlatformConfig, paths: Paths, model: str = "teacher", nproc: i
         (out / "warm_maps.pt").unlink(missing_ok=True)  # a previous warm start's refit, never this run's
     days = window.splits(parent.days_seen if parent else (), config.training.replay if parent else 0.0,
                          config.training.window_validation) if window else None
-    if days is not None and not days.train_days() and not days.replay:
+    if days is not None and parent is not None:
+        _add_matured_days(config, days, window, parent)
+    if days is not None and not days.train_days() and not days.replay and not days.matured:
         raise ws.WarmStartError(f"nothing to train {model!r} on: its parent has trained on every train day of the window "
                          f"{window.train[0]}..{window.train[-1]} and training.replay is 0; move the interval end "
                          "(`end`) past the parent's days, set training.replay, or warm_start: none")
@@ -90,7 +105,7 @@ def train(config: PlatformConfig, paths: Paths, model: str = "teacher", nproc: i
     if days is not None:
         from lattice.data.label_time import never_known_in_window
 
-        train_days = days.train_days() + list(days.replay)
+        train_days = days.train_days() + list(days.replay) + list(days.matured)
         unlabelled = never_known_in_window(config, train_days, days.cutoff())
         if unlabelled:
             logging.getLogger(__name__).warning(

@@ -190,6 +190,40 @@ def test_the_loader_applies_the_cutoff(market, tmp_path: Path) -> None:
     assert want[S.mask_column("conversion")].sum() < 0.6 * df[S.mask_column("conversion")].sum()
 
 
+def test_the_loader_trains_a_matured_day_on_its_newly_known_labels(market, tmp_path: Path) -> None:
+    """A warm start's train split holds its new day whole and, of a matured day, every row with
+    its click masked (the parent trained on it) and its conversion as closed since the parent."""
+    from lattice.data.loader import BatchLoader, fit_dense_stats
+    from lattice.data.local_consolidate import consolidate, write_parquet
+    from lattice.data.synth import generate
+    from lattice.data.window import DaySplits
+    from lattice.paths import Paths
+
+    syn = market.synthetic.model_copy(update={"users": 500, "ads": 100, "chunk_rows": 1000, "days": 12})
+    cfg = _masked(market.model_copy(update={"synthetic": syn}))
+    generate(cfg, 3_000, tmp_path / "raw", progress=False)
+    df = consolidate(cfg, Paths(tmp_path / "wd", tmp_path / "raw"))
+    root = tmp_path / "table"
+    write_parquet(df, root / "part-0.parquet")
+    stats = fit_dense_stats(cfg, root)
+    date = df["event_timestamp"].dt.strftime("%Y-%m-%d")
+    new, matured = "2026-01-11", "2026-01-04"  # the parent trained to the Jan 11 cutoff, this run to Jan 12: Jan 4 closed between
+    days = DaySplits({new: "train", "2026-01-12": "validation"}, matured=[matured],
+                     parent_cutoff=dt.datetime(2026, 1, 11).isoformat())
+    got = {"rows": 0, "click": 0.0, "conversion": 0.0}
+    for b in BatchLoader(cfg, root, stats, "train", batch_size=4096, shuffle=False, num_workers=0,
+                         label_cutoff=dt.datetime(2026, 1, 12), days=days):
+        got["rows"] += len(b)
+        got["click"] += float(b.masks["click"].sum())
+        got["conversion"] += float(b.masks["conversion"].sum())
+    on_new, on_matured = df[date == new], df[date == matured]
+    assert len(on_matured) > 0 and got["rows"] == len(on_new) + len(on_matured)
+    # clicks: the new day's only; conversions: the matured day's (the new day's windows are open)
+    assert got["click"] == on_new[S.mask_column("click")].sum()
+    closed_since = on_matured["event_timestamp"] + pd.Timedelta(days=7) > pd.Timestamp("2026-01-11", tz="UTC")
+    assert got["conversion"] == on_matured.loc[closed_since, S.mask_column("conversion")].sum() > 0
+
+
 def test_zipper_window_is_deterministic_and_follows_its_shares() -> None:
     from lattice.data.split import hash_split
     from lattice.data.zipper import window_index
@@ -242,3 +276,46 @@ def test_a_window_younger_than_the_attribution_window_leaves_an_objective_unlabe
     assert never_known_in_window(cfg, ["2026-01-04"], cut) == ["conversion"]
     naive = cfg.model_copy(update={"training": cfg.training.model_copy(update={"label_delay": "naive"})})
     assert never_known_in_window(naive, ["2026-01-08"], cut) == []
+
+
+# ---- a warm start under `mask`: each label trains once, when it becomes known
+
+
+def _masked(market):
+    return market.model_copy(update={"training": market.training.model_copy(update={"label_delay": "mask"})})
+
+
+def test_the_days_whose_windows_closed_since_the_parent_come_back(market) -> None:
+    from lattice.data.label_time import matured_days
+
+    cfg = _masked(market)
+    days = [f"2026-01-{d:02d}" for d in range(1, 11)]
+    parent, now = dt.datetime(2026, 1, 10), dt.datetime(2026, 1, 11)
+    # a day's impressions close 7 days later: Jan 3's between Jan 10 and Jan 11, the parent's
+    # cutoff and this one; Jan 2's had closed by the parent's, Jan 4's close after this cutoff
+    assert matured_days(cfg, days, parent, now) == ["2026-01-03"]
+    # two days between the runs: two days mature
+    assert matured_days(cfg, days, dt.datetime(2026, 1, 9), now) == ["2026-01-02", "2026-01-03"]
+    # the parent's days only; no parent cutoff (a parent without a window) and the naive rule: none
+    assert matured_days(cfg, ["2026-01-04"], parent, now) == []
+    assert matured_days(cfg, days, None, now) == []
+    assert matured_days(market.model_copy(update={"training": market.training.model_copy(
+        update={"label_delay": "naive"})}), days, parent, now) == []
+
+
+def test_a_matured_row_trains_on_the_labels_that_closed_since_the_parent_only(market) -> None:
+    from lattice.data.label_time import train_newly_known
+
+    cfg = _masked(market)
+    df = _log()  # three impressions at T0 (Jan 5 12:00); the conversion window closes at Jan 12 12:00
+    tbl = apply_cutoff_arrow(pa.Table.from_pandas(df, preserve_index=False), dt.datetime(2026, 1, 13), cfg)
+    rows = np.array([True, True, False])  # the third row is not a matured row (e.g. chosen by replay)
+    out = train_newly_known(tbl, rows, dt.datetime(2026, 1, 12), cfg).to_pandas()
+    # the click was known at the impression: the parent trained on it, so it is masked here
+    assert out[S.mask_column("click")].tolist() == [0, 0, 1]
+    # the conversion closed after the parent's cutoff: it trains, with its final label
+    assert out[S.mask_column("conversion")].tolist() == [1, 1, 1]
+    assert out[S.label_column("conversion")].tolist() == [1, 0, 1]
+    # a parent whose cutoff came after the close had trained on the conversion too: nothing new
+    again = train_newly_known(tbl, rows, dt.datetime(2026, 1, 12, 13), cfg).to_pandas()
+    assert again[S.mask_column("conversion")].tolist() == [0, 0, 1]
