@@ -27,40 +27,12 @@ def airflow_db():
     db.initdb()
 
 
-def _scheduled(monkeypatch) -> None:
-    """`dag.test()` makes manual runs, which keep their form's dates; the scheduler and a backfill
-    make scheduled (or backfill) runs, which work on their data interval. Create the run as the
-    scheduler would, with the interval `dag.test()` inferred from the logical date."""
-    from airflow.models import dagrun
-    from airflow.utils.state import DagRunState
-    from airflow.utils.types import DagRunType
-    from sqlalchemy import select
-
-    def as_scheduled(*, dag, run_id, logical_date, data_interval, run_after, conf, triggered_by,
-                     triggering_user_name, start_date, session):
-        old = session.scalar(select(dagrun.DagRun).where(dagrun.DagRun.dag_id == dag.dag_id,
-                                                         dagrun.DagRun.logical_date == logical_date))
-        if old is not None:
-            session.delete(old)
-            session.commit()
-        return dag.create_dagrun(
-            run_id=dagrun.DagRun.generate_run_id(run_type=DagRunType.SCHEDULED, logical_date=logical_date,
-                                                 run_after=run_after),
-            logical_date=logical_date, data_interval=data_interval, run_after=run_after, conf=conf,
-            run_type=DagRunType.SCHEDULED, state=DagRunState.RUNNING, triggered_by=triggered_by,
-            triggering_user_name=triggering_user_name, start_date=start_date, session=session)
-
-    monkeypatch.setattr(dagrun, "get_or_create_dagrun", as_scheduled)
-
-
 def _xcom(dr, task_id: str, key: str) -> dict:
-    from airflow.models.xcom import XComModel
-    from airflow.utils.session import create_session
+    from lattice.orchestration.dag_test import xcom
 
-    with create_session() as session:
-        row = session.scalars(XComModel.get_many(run_id=dr.run_id, dag_ids=dr.dag_id, task_ids=task_id, key=key)).first()
-        assert row is not None, f"no {key!r} result from {dr.dag_id}.{task_id}"
-        return XComModel.deserialize_value(row)
+    value = xcom(dr, task_id, key)
+    assert value is not None, f"no {key!r} result from {dr.dag_id}.{task_id}"
+    return value
 
 
 def _days(table: Path) -> list[str]:
@@ -77,11 +49,12 @@ def test_three_scheduled_days_in_order_each_on_its_own_day(airflow_db, monkeypat
                       name="tiny")
     monkeypatch.setenv("LATTICE_CONFIGS_DIR", str(configs))
     monkeypatch.setenv("LATTICE_AIRFLOW_RETRIES", "0")
-    _scheduled(monkeypatch)
     dag = DagBag(dag_folder=str(ROOT / "dags")).dags["tiny__features"]
 
     def run(logical: dt.datetime):
-        dr = dag.test(logical_date=logical)
+        from lattice.orchestration.dag_test import run_scheduled
+
+        dr = run_scheduled(dag, logical)
         assert str(dr.state) == "success", f"run of {logical}: {dr.state}"
         assert str(dr.run_type.value if hasattr(dr.run_type, "value") else dr.run_type) == "scheduled"
         return dr
