@@ -55,8 +55,7 @@ def _to_us(values) -> np.ndarray:
 
 
 def _cutoff_us(cutoff: dt.datetime) -> int:
-    c = cutoff.astimezone(dt.timezone.utc).replace(tzinfo=None) if cutoff.tzinfo else cutoff
-    return int(np.datetime64(c, "us").astype(np.int64))
+    return int(np.datetime64(_naive(cutoff), "us").astype(np.int64))
 
 
 def labels_at_cutoff(label: np.ndarray, mask: np.ndarray, event_us: np.ndarray, known_us: np.ndarray | None,
@@ -160,6 +159,7 @@ def matured_days(config: PlatformConfig, trained_before: list[str], parent_cutof
 
 
 def _naive(t: dt.datetime) -> dt.datetime:
+    """A time as naive UTC (the tables' timestamps are naive UTC)."""
     return t.astimezone(dt.timezone.utc).replace(tzinfo=None) if t.tzinfo else t
 
 

@@ -122,13 +122,19 @@ def _unit_wanted(unit: Unit, days: DaySplits | None) -> bool:
     return days is None or date is None or days.wanted(date)
 
 
-def _row_split(config: PlatformConfig, tbl: pa.Table, part: dict[str, str], split: Split,
-               days: DaySplits | None) -> np.ndarray:
-    """The rows of `split` in one unit: by the run's days (a windowed run) or the stored column."""
+def _unit_ids(tbl: pa.Table, part: dict[str, str]) -> list:
     ids = _column(tbl, "example_id", part)
-    ids = ids.to_pylist() if ids is not None else []
+    return ids.to_pylist() if ids is not None else []
+
+
+def _row_split(config: PlatformConfig, tbl: pa.Table, part: dict[str, str], split: Split,
+               days: DaySplits | None, dates_ids: tuple[np.ndarray, list] | None = None) -> np.ndarray:
+    """The rows of `split` in one unit: by the run's days (a windowed run) or the stored column.
+    `dates_ids`: the unit's row dates and example ids when the caller already read them."""
     if days is not None:
-        return days.split_of(row_dates(tbl, part), ids, split)
+        dates, ids = dates_ids if dates_ids is not None else (row_dates(tbl, part), _unit_ids(tbl, part))
+        return days.split_of(dates, ids, split)
+    ids = _unit_ids(tbl, part)
     stored = _column(tbl, "split", part)
     return split_mask(config, ids, split, stored.to_pylist() if stored is not None else None)
 
@@ -328,11 +334,12 @@ class ExampleStream(IterableDataset):
         heads = zipper_heads_arrow(tbl, self.label_cutoff, self.config) if zipper else {}
         if self.label_cutoff is not None:
             tbl = label_time.apply_cutoff_arrow(tbl, self.label_cutoff, self.config)
+        dates_ids = None
         if self.split == "train" and self.days is not None and self.days.matured and self.days.parent_cutoff:
-            ids = _column(tbl, "example_id", part)
-            rows = self.days.newly_known_rows(row_dates(tbl, part), ids.to_pylist() if ids is not None else [])
+            dates_ids = (row_dates(tbl, part), _unit_ids(tbl, part))  # read once, for both rules below
+            rows = self.days.newly_known_rows(*dates_ids)
             tbl = label_time.train_newly_known(tbl, rows, dt.datetime.fromisoformat(self.days.parent_cutoff), self.config)
-        keep = _row_split(self.config, tbl, part, self.split, self.days)
+        keep = _row_split(self.config, tbl, part, self.split, self.days, dates_ids)
         if self.world_size > 1:
             j = np.cumsum(keep) - 1  # position among this unit's kept rows
             keep &= (j + index) % self.world_size == self.rank

@@ -155,6 +155,31 @@ def test_rest_trigger_of_the_features_dag_succeeds(airflow, features_run) -> Non
     assert events["total_entries"] >= 1
 
 
+# library start-up chatter that must never reach a task log (Spark's JVM, Hadoop, GX, torch)
+NOISE = ("Skipping registering function", "NativeCodeLoader", "Setting default log level", "Successfully loaded")
+
+
+def test_the_spark_tasks_log_has_no_error_line_and_no_library_chatter(airflow, features_run) -> None:
+    """A Spark task that succeeds leaves no ERROR line in its Airflow log. The task supervisor
+    files every line the task process (and the JVM it starts) writes on stderr at ERROR, so this
+    also says that stderr stayed empty; read through REST as the UI reads it."""
+    _, client, _ = airflow
+    run, _ = features_run
+    url = (f"/api/v2/dags/tiny__features/dagRuns/{run['dag_run_id']}/taskInstances/consolidate_to_materialize/logs/1")
+    resp = client.http.get(url, params={"full_content": "true"}, headers={"Accept": "application/json"})
+    assert resp.status_code == 200, resp.text
+    entries = resp.json()["content"]
+    assert entries and all(isinstance(e, dict) and "event" in e for e in entries), entries[:3]
+    errors = [e for e in entries if str(e.get("level", "")).lower() in ("error", "critical")]
+    assert errors == [], errors[:5]
+    events = [str(e["event"]) for e in entries]
+    assert [x for x in events if any(n in x for n in NOISE)] == []
+    assert not any("\r" in x for x in events)  # no console progress bar
+    # the story ends with each step's summary, and they are there
+    for step in ("consolidate", "materialize"):
+        assert any(f"stage {step} finished" in x for x in events), events[-10:]
+
+
 def test_browser_login_trigger_with_param_and_watch_success(airflow, artifacts: Path) -> None:
     from playwright.sync_api import expect, sync_playwright
 

@@ -24,7 +24,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.scaleout]
 
 # one DAG's tasks in order, in this process (its own Spark driver, on the profile's master)
 DRIVER = """
-import json, sys
+import json, sys, time
 from lattice.config import load_config
 from lattice.orchestration.spec import dag_specs, defaults
 from lattice.orchestration.task_runner import run_task
@@ -32,8 +32,9 @@ cfg, family, params, out = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), sy
 spec = next(s for s in dag_specs(load_config(cfg)) if s.family == family)
 results = {}
 for t in spec.tasks:
+    t0 = time.perf_counter()
     results[t.task_id] = run_task(cfg, t, {**defaults(spec), **params}, spec.params)
-    print(f"{family}.{t.task_id}: done", flush=True)
+    print(f"{family}.{t.task_id}: done in {time.perf_counter() - t0:.1f} s", flush=True)
 open(out, "w").write(json.dumps(results, default=str))
 """
 
@@ -48,6 +49,7 @@ def _dag(cfg: Path, family: str, params: dict, tmp: Path) -> dict:
     r = subprocess.run([sys.executable, str(driver), str(cfg), family, json.dumps(params), str(out)], env=env,
                        cwd=ROOT, capture_output=True, text=True, timeout=1500)
     assert r.returncode == 0 and out.exists(), f"{family} DAG failed ({r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-5000:]}"
+    print("\n".join(x for x in r.stdout.splitlines() if ": done in " in x))  # shown with -s or on a failure
     return json.loads(out.read_text())
 
 
