@@ -83,6 +83,7 @@ def build_config(args, seed: int, shock: bool, base: Path):
             "days": args.days, "seed": seed, "market": market.model_copy(update={"shock": sh})}),
         "training": cfg.training.model_copy(update={"window": args.window, "epochs": args.epochs, "nproc": 1,
                                                     "label_delay": args.label_delay, "replay": args.replay,
+                                                    "replay_rows": args.replay_rows,
                                                     "window_validation": args.window_validation}),
         "monitoring": cfg.monitoring.model_copy(update={"rules": [
             CalibrationRule(kind="calibration", low=args.cal_low, high=args.cal_high,
@@ -553,6 +554,8 @@ def main() -> None:
     ap.add_argument("--replay", type=float, default=0.0,
                     help="training.replay: the share of older window days a warm start trains on beside the new days "
                          "(under mask, the only days whose conversions have matured)")
+    ap.add_argument("--replay-rows", default="fixed", choices=["fixed", "rotating"],
+                    help="training.replay_rows: the same hashed rows every run, or another share each run")
     ap.add_argument("--shock-day", type=int, default=12, help="0-based day the shock starts (the market's shock.day)")
     ap.add_argument("--seed", type=int, default=7, help="draws the backfilled days")
     ap.add_argument("--market-seed", type=int, default=42)
@@ -597,7 +600,7 @@ def main() -> None:
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; demo market "
           f"{args.days * args.rows_per_day:,} rows over {args.days} days ({args.rows_per_day:,}/day), seed {args.market_seed}; "
           f"shock: {cfg.synthetic.market.shock}; {args.sizes} model sizes; {args.epochs} epoch(s); student warm start "
-          f"{args.student_warm_start}; label delay {args.label_delay}; replay {args.replay}; workdir {base}")
+          f"{args.student_warm_start}; label delay {args.label_delay}; replay {args.replay} ({args.replay_rows}); workdir {base}")
     report["market"] = {k: m.get(k) for k in ("rows", "rows_per_domain", "label_sums")}
     serve = None
     if "C" in parts:

@@ -733,8 +733,12 @@ class Training(Strict):
     0.9769 keep, 0.9768 refit; `keep` stays the default, as the weights were learned on those inputs."""
     replay: float = Field(default=0.0, ge=0, le=1)
     """Warm start: the share of the window's older training days (those the parent already
-    trained on) replayed beside the new days, chosen by a hash of the example id (the same rows
-    every run)."""
+    trained on) replayed beside the new days, chosen by a hash of the example id (see
+    `replay_rows`)."""
+    replay_rows: Literal["fixed", "rotating"] = "fixed"
+    """Which rows of the older days `replay` trains: `fixed`, the same hashed share every run (a
+    row in it trains once a run for as long as its day is in the window), or `rotating`, the hash
+    salted with the run's test day (another share each run, the same one when a day is re-run)."""
 
     @model_validator(mode="after")
     def _window_validation(self) -> "Training":

@@ -8,7 +8,9 @@ partition column, written once by the feature stage) and the run's window, so ev
 run (trainer, scorer, gate) takes the same rows; it overrides the stored `split` column for that run.
 
 A warm-started run narrows the train days to those its parent has not trained on, plus a
-`replay` share of the older ones chosen by a hash of the example id (the same rows every run).
+`replay` share of the older ones chosen by a hash of the example id: with `replay_rows: fixed` the
+same rows every run, with `rotating` the hash is salted with the run's test day, so each run
+replays another share (deterministic per run: a re-run of a day replays the same rows).
 
 `training.window_validation` below 1 holds out only that share of the newest day (by the same
 hash) and trains on the rest of it: a run then learns from the day just before its test day, which
@@ -65,6 +67,9 @@ class DaySplits:
     (`newly_known_rows`, lattice.data.label_time.train_newly_known)."""
     parent_cutoff: str | None = None
     """The parent's cutoff (ISO), which decides what it already knew of a matured day."""
+    replay_salt: str | None = None
+    """Salts the replay hash (`training.replay_rows: rotating`: the run's test day), so that each
+    run replays another share of the older days' rows; None replays the same rows every run."""
 
     def split_of(self, dates: Iterable[str], example_ids: Iterable[str] | None, split: str) -> np.ndarray:
         """Boolean mask of the rows of `split` ("all": every row of the window and its test day)."""
@@ -92,8 +97,10 @@ class DaySplits:
         if old.any() and self.replay_share > 0:
             from lattice.data.split import hash_fraction
 
-            ids = np.asarray(list(example_ids), dtype=object)
-            chosen[old] = hash_fraction(ids[old].tolist()) < self.replay_share
+            ids = np.asarray(list(example_ids), dtype=object)[old].tolist()
+            if self.replay_salt is not None:
+                ids = [f"{e}|replay|{self.replay_salt}" for e in ids]
+            chosen[old] = hash_fraction(ids) < self.replay_share
         return chosen
 
     def newly_known_rows(self, dates: Iterable[str], example_ids: Iterable[str]) -> np.ndarray:
@@ -126,14 +133,16 @@ class DaySplits:
 
     def to_json(self) -> dict:
         return {"days": self.days, "replay": self.replay, "replay_share": self.replay_share,
-                "validation_share": self.validation_share, "matured": self.matured, "parent_cutoff": self.parent_cutoff}
+                "validation_share": self.validation_share, "matured": self.matured, "parent_cutoff": self.parent_cutoff,
+                "replay_salt": self.replay_salt}
 
     @classmethod
     def from_json(cls, d: dict | None) -> "DaySplits | None":
         if d is None:
             return None
         return cls(dict(d["days"]), list(d.get("replay", [])), float(d.get("replay_share", 0.0)),
-                   float(d.get("validation_share", 1.0)), list(d.get("matured", [])), d.get("parent_cutoff"))
+                   float(d.get("validation_share", 1.0)), list(d.get("matured", [])), d.get("parent_cutoff"),
+                   d.get("replay_salt"))
 
 
 @dataclass(frozen=True)
@@ -151,16 +160,19 @@ class TrainWindow:
         """The window's days, oldest first (train days and the validation day)."""
         return [*self.train, self.validation]
 
-    def splits(self, trained_before: Iterable[str] = (), replay_share: float = 0.0, validation_share: float = 1.0) -> DaySplits:
+    def splits(self, trained_before: Iterable[str] = (), replay_share: float = 0.0, validation_share: float = 1.0,
+               rotate_replay: bool = False) -> DaySplits:
         """The run's day -> split map; days in `trained_before` (a warm start's parent already
-        trained on them) leave the train split, except a `replay_share` of their rows;
-        `validation_share` < 1 trains on the rest of the validation day."""
+        trained on them) leave the train split, except a `replay_share` of their rows (another
+        share each run with `rotate_replay`); `validation_share` < 1 trains on the rest of the
+        validation day."""
         seen = set(trained_before)
         days = {d: "train" for d in self.train if d not in seen}
         days[self.validation] = "validation"
         days[self.test] = "test"
         replay = [d for d in self.train if d in seen] if replay_share > 0 else []
-        return DaySplits(days, replay, replay_share, validation_share)
+        salt = self.test if replay and rotate_replay else None
+        return DaySplits(days, replay, replay_share, validation_share, replay_salt=salt)
 
     def to_json(self) -> dict:
         return {"train": list(self.train), "validation": self.validation, "test": self.test, "end": self.end}

@@ -93,7 +93,8 @@ def train(config: PlatformConfig, paths: Paths, model: str = "teacher", nproc: i
     if not resume:
         (out / "warm_maps.pt").unlink(missing_ok=True)  # a previous warm start's refit, never this run's
     days = window.splits(parent.days_seen if parent else (), config.training.replay if parent else 0.0,
-                         config.training.window_validation) if window else None
+                         config.training.window_validation,
+                         rotate_replay=config.training.replay_rows == "rotating") if window else None
     if days is not None and parent is not None:
         _add_matured_days(config, days, window, parent)
     if days is not None and not days.train_days() and not days.replay and not days.matured:

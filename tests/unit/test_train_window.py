@@ -77,6 +77,28 @@ def test_day_splits_and_replay_are_deterministic(config) -> None:
     assert not warm.split_of(dates, ids, "validation").any()
 
 
+def test_rotating_replay_takes_another_share_each_run_and_the_same_on_a_rerun(config) -> None:
+    """`replay_rows: rotating` salts the replay hash with the run's test day: two daily runs replay
+    about the same share of an old day, but mostly other rows (a fixed share would train the same
+    30% of rows once a run for the whole window); re-resolving a run gives its own rows again."""
+    def replayed(end: str, rotate: bool) -> np.ndarray:
+        w = resolve(_windowed(config, "4d"), Path("."), end)
+        split = w.splits(trained_before=["2026-01-02", "2026-01-03"], replay_share=0.3, rotate_replay=rotate)
+        assert DaySplits.from_json(split.to_json()) == split
+        return split.split_of(dates, ids, "train")
+
+    dates = ["2026-01-03"] * 3000
+    ids = [f"e{i}" for i in range(len(dates))]
+    a, b = replayed("2026-01-06", True), replayed("2026-01-07", True)
+    assert 0.27 < a.mean() < 0.33 and 0.27 < b.mean() < 0.33  # 3000 hashed ids: binomial sd ~0.8%
+    both = (a & b).mean() / a.mean()
+    assert 0.2 < both < 0.4  # independent draws overlap by ~30%, never all (fixed: 100%)
+    np.testing.assert_array_equal(a, replayed("2026-01-06", True))
+    fixed_a, fixed_b = replayed("2026-01-06", False), replayed("2026-01-07", False)
+    np.testing.assert_array_equal(fixed_a, fixed_b)
+    assert not np.array_equal(a, fixed_a)
+
+
 def test_a_validation_share_trains_on_the_rest_of_the_newest_day(config) -> None:
     w = resolve(_windowed(config, "3d"), Path("."), "2026-01-04")
     days = w.splits(validation_share=0.25)
