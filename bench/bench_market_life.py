@@ -67,6 +67,7 @@ def quiet():
 def build_config(args, seed: int, shock: bool, base: Path):
     from lattice.config import load_config
     from lattice.config.monitoring import CalibrationRule
+    from lattice.config.timing import Zipper
     from lattice.training.tiny import tiny
 
     cfg = load_config(ROOT / "bench" / "configs" / "demo_market.yaml")
@@ -84,6 +85,8 @@ def build_config(args, seed: int, shock: bool, base: Path):
         "training": cfg.training.model_copy(update={"window": args.window, "epochs": args.epochs, "nproc": 1,
                                                     "label_delay": args.label_delay, "replay": args.replay,
                                                     "replay_rows": args.replay_rows,
+                                                    "zipper": (Zipper(windows=args.zipper_windows.split(","))
+                                                               if args.label_delay == "zipper" else cfg.training.zipper),
                                                     "window_validation": args.window_validation}),
         "monitoring": cfg.monitoring.model_copy(update={"rules": [
             CalibrationRule(kind="calibration", low=args.cal_low, high=args.cal_high,
@@ -548,9 +551,11 @@ def main() -> None:
     ap.add_argument("--window-validation", type=float, default=1.0,
                     help="training.window_validation: the share of the window's newest day held out for validation "
                          "(the rest trains); 1 holds out the whole day")
-    ap.add_argument("--label-delay", default="naive", choices=["naive", "mask"],
+    ap.add_argument("--label-delay", default="naive", choices=["naive", "mask", "zipper"],
                     help="training.label_delay; mask needs a window longer than the 7d attribution window (else no "
                          "conversion label of a train day is known at the cutoff and the conversion heads never train)")
+    ap.add_argument("--zipper-windows", default="1d,3d,7d",
+                    help="training.zipper.windows under --label-delay zipper (equal shares)")
     ap.add_argument("--replay", type=float, default=0.0,
                     help="training.replay: the share of older window days a warm start trains on beside the new days "
                          "(under mask, the only days whose conversions have matured)")
@@ -600,7 +605,7 @@ def main() -> None:
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; demo market "
           f"{args.days * args.rows_per_day:,} rows over {args.days} days ({args.rows_per_day:,}/day), seed {args.market_seed}; "
           f"shock: {cfg.synthetic.market.shock}; {args.sizes} model sizes; {args.epochs} epoch(s); student warm start "
-          f"{args.student_warm_start}; label delay {args.label_delay}; replay {args.replay} ({args.replay_rows}); workdir {base}")
+          f"{args.student_warm_start}; label delay {args.label_delay}{' ' + args.zipper_windows if args.label_delay == 'zipper' else ''}; replay {args.replay} ({args.replay_rows}); workdir {base}")
     report["market"] = {k: m.get(k) for k in ("rows", "rows_per_domain", "label_sums")}
     serve = None
     if "C" in parts:

@@ -144,10 +144,14 @@ def matured_days(config: PlatformConfig, trained_before: list[str], parent_cutof
                  cutoff: dt.datetime | None) -> list[str]:
     """Days of `trained_before` (train days the parent already trained on) whose impressions had
     a delayed objective's window still open at the parent's cutoff and have one closed at this
-    run's `cutoff`: under `label_delay: mask` the parent never saw those labels."""
-    if parent_cutoff is None or cutoff is None or config.training.label_delay != "mask":
+    run's `cutoff`: under `label_delay: mask` the parent never saw those labels; under `zipper`
+    the windows are the heads' too (a day matures once per head window, W1 first)."""
+    mode = config.training.label_delay
+    if parent_cutoff is None or cutoff is None or mode not in ("mask", "zipper"):
         return []
     windows = [attribution_window(config, o) for o in delayed_objectives(config)]
+    if mode == "zipper" and config.training.zipper is not None and windows:
+        windows += config.training.zipper.spans()
     one = dt.timedelta(days=1)
     out = []
     for d in sorted(trained_before):
@@ -155,6 +159,19 @@ def matured_days(config: PlatformConfig, trained_before: list[str], parent_cutof
         # the day's impressions [start, start + 1d) close in [start + W, start + 1d + W)
         if any(start + w < _naive(cutoff) and start + one + w > _naive(parent_cutoff) for w in windows):
             out.append(d)
+    return out
+
+
+def teaches(tbl: pa.Table, config: PlatformConfig, heads: dict[str, tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
+    """Rows with at least one label to train on: an objective's mask, or for an objective trained
+    through Zipper heads (`heads`, lattice.data.zipper) any of its heads' masks (its own mask then
+    only weighs the teacher's soft label)."""
+    out = np.zeros(tbl.num_rows, bool)
+    for o in config.objective_names:
+        if o in heads:
+            out |= heads[o][1].any(axis=1)
+        elif S.mask_column(o) in tbl.column_names:
+            out |= pc.fill_null(tbl.column(S.mask_column(o)), 0).to_numpy() > 0
     return out
 
 

@@ -31,7 +31,7 @@ from lattice.data.batch import Batch, kjt_from_ids
 from lattice.data.split import Split, split_mask
 from lattice.data.transforms import DenseStats, StatsAccumulator, dense_spec
 from lattice.data.window import DaySplits, row_dates
-from lattice.data.zipper import zipper_heads_arrow
+from lattice.data.zipper import newly_known_heads, zipper_heads_arrow
 from lattice.models.leaves import leaf_values
 from lattice.paths import Paths
 
@@ -334,12 +334,19 @@ class ExampleStream(IterableDataset):
         heads = zipper_heads_arrow(tbl, self.label_cutoff, self.config) if zipper else {}
         if self.label_cutoff is not None:
             tbl = label_time.apply_cutoff_arrow(tbl, self.label_cutoff, self.config)
-        dates_ids = None
+        dates_ids, stale = None, None
         if self.split == "train" and self.days is not None and self.days.matured and self.days.parent_cutoff:
             dates_ids = (row_dates(tbl, part), _unit_ids(tbl, part))  # read once, for both rules below
             rows = self.days.newly_known_rows(*dates_ids)
-            tbl = label_time.train_newly_known(tbl, rows, dt.datetime.fromisoformat(self.days.parent_cutoff), self.config)
+            parent_cutoff = dt.datetime.fromisoformat(self.days.parent_cutoff)
+            tbl = label_time.train_newly_known(tbl, rows, parent_cutoff, self.config)
+            heads = newly_known_heads(heads, tbl, rows, parent_cutoff, self.config)
+            # a matured row with no newly known label (a domain without the delayed objective, a
+            # Zipper head that closed before the parent) would only dilute its batch: not read
+            stale = rows & ~label_time.teaches(tbl, self.config, heads)
         keep = _row_split(self.config, tbl, part, self.split, self.days, dates_ids)
+        if stale is not None:
+            keep &= ~stale
         if self.world_size > 1:
             j = np.cumsum(keep) - 1  # position among this unit's kept rows
             keep &= (j + index) % self.world_size == self.rank

@@ -191,8 +191,9 @@ def test_the_loader_applies_the_cutoff(market, tmp_path: Path) -> None:
 
 
 def test_the_loader_trains_a_matured_day_on_its_newly_known_labels(market, tmp_path: Path) -> None:
-    """A warm start's train split holds its new day whole and, of a matured day, every row with
-    its click masked (the parent trained on it) and its conversion as closed since the parent."""
+    """A warm start's train split holds its new day whole and, of a matured day, the rows whose
+    conversion closed since the parent, with their click masked (the parent trained on it); a
+    matured row with nothing newly known (a domain without conversions) is not read at all."""
     from lattice.data.loader import BatchLoader, fit_dense_stats
     from lattice.data.local_consolidate import consolidate, write_parquet
     from lattice.data.synth import generate
@@ -217,11 +218,13 @@ def test_the_loader_trains_a_matured_day_on_its_newly_known_labels(market, tmp_p
         got["click"] += float(b.masks["click"].sum())
         got["conversion"] += float(b.masks["conversion"].sum())
     on_new, on_matured = df[date == new], df[date == matured]
-    assert len(on_matured) > 0 and got["rows"] == len(on_new) + len(on_matured)
+    closed_since = on_matured["event_timestamp"] + pd.Timedelta(days=7) > pd.Timestamp("2026-01-11", tz="UTC")
+    teaching = int((closed_since & (on_matured[S.mask_column("conversion")] > 0)).sum())
+    assert 0 < teaching < len(on_matured)  # the video domain logs no conversion
+    assert got["rows"] == len(on_new) + teaching
     # clicks: the new day's only; conversions: the matured day's (the new day's windows are open)
     assert got["click"] == on_new[S.mask_column("click")].sum()
-    closed_since = on_matured["event_timestamp"] + pd.Timedelta(days=7) > pd.Timestamp("2026-01-11", tz="UTC")
-    assert got["conversion"] == on_matured.loc[closed_since, S.mask_column("conversion")].sum() > 0
+    assert got["conversion"] == teaching
 
 
 def test_zipper_window_is_deterministic_and_follows_its_shares() -> None:
@@ -319,3 +322,52 @@ def test_a_matured_row_trains_on_the_labels_that_closed_since_the_parent_only(ma
     # a parent whose cutoff came after the close had trained on the conversion too: nothing new
     again = train_newly_known(tbl, rows, dt.datetime(2026, 1, 12, 13), cfg).to_pandas()
     assert again[S.mask_column("conversion")].tolist() == [0, 0, 1]
+
+
+# ---- a warm start under `zipper`: each row trains its head once, when the head's window closes
+
+
+def _zippered(market):
+    from lattice.config.timing import Zipper
+
+    return market.model_copy(update={"training": market.training.model_copy(
+        update={"label_delay": "zipper", "zipper": Zipper(windows=["1d", "3d", "7d"])})})
+
+
+def test_under_zipper_a_day_matures_once_per_head_window(market) -> None:
+    from lattice.data.label_time import matured_days
+
+    cfg = _zippered(market)
+    days = [f"2026-01-{d:02d}" for d in range(1, 11)]
+    # between the cutoffs Jan 10 and Jan 11 close: Jan 9's 1-day windows, Jan 7's 3-day, Jan 3's 7-day
+    assert matured_days(cfg, days, dt.datetime(2026, 1, 10), dt.datetime(2026, 1, 11)) == [
+        "2026-01-03", "2026-01-07", "2026-01-09"]
+
+
+def test_a_matured_rows_zipper_head_trains_only_if_it_closed_since_the_parent(market) -> None:
+    from lattice.data.label_time import teaches, train_newly_known
+    from lattice.data.zipper import newly_known_heads, window_index, zipper_heads_arrow
+
+    cfg = _zippered(market)
+    ts = pd.Timestamp(T0, tz="UTC")  # Jan 5 12:00: the heads close Jan 6, Jan 8 and Jan 12 at 12:00
+    ids = [f"row{i}" for i in range(300)]
+    k = window_index(ids, cfg.training.zipper.share_list())
+    df = pd.DataFrame({"example_id": ids, "event_timestamp": ts, "domain": "feed",
+                       S.label_column("click"): np.ones(300, np.int8), S.mask_column("click"): np.ones(300, np.int8),
+                       S.label_column("conversion"): np.ones(300, np.int8),
+                       S.mask_column("conversion"): np.ones(300, np.int8),
+                       S.known_column("conversion"): ts + pd.Timedelta(hours=2)})
+    tbl = pa.Table.from_pandas(df, preserve_index=False)
+    now, parent = dt.datetime(2026, 1, 9), dt.datetime(2026, 1, 8)  # only the 3-day head closed in between
+    heads = zipper_heads_arrow(tbl, now, cfg)
+    assert (heads["conversion"][1].any(axis=1) == (k < 2)).all()  # at Jan 9: the 1d and 3d heads are closed
+    rows = np.ones(300, bool)
+    rows[:10] = False  # not matured rows (e.g. replayed): they keep every closed head
+    cut = train_newly_known(apply_cutoff_arrow(tbl, now, cfg), rows, parent, cfg)
+    new = newly_known_heads(heads, cut, rows, parent, cfg)
+    trains = new["conversion"][1].any(axis=1)
+    assert (trains[10:] == (k[10:] == 1)).all() and (trains[:10] == (k[:10] < 2)).all()
+    # on matured rows the click trained with the parent and the 7-day head is still open: only the
+    # 3d head teaches; the other rows keep their click
+    taught = teaches(cut, cfg, new)
+    assert (taught[10:] == trains[10:]).all() and 0 < trains[10:].sum() < 290 and taught[:10].all()
