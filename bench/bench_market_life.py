@@ -559,7 +559,7 @@ def main() -> None:
     ap.add_argument("--replay", type=float, default=0.0,
                     help="training.replay: the share of older window days a warm start trains on beside the new days "
                          "(under mask, the only days whose conversions have matured)")
-    ap.add_argument("--replay-rows", default="fixed", choices=["fixed", "rotating"],
+    ap.add_argument("--replay-rows", default="rotating", choices=["fixed", "rotating"],
                     help="training.replay_rows: the same hashed rows every run, or another share each run")
     ap.add_argument("--shock-day", type=int, default=12, help="0-based day the shock starts (the market's shock.day)")
     ap.add_argument("--seed", type=int, default=7, help="draws the backfilled days")

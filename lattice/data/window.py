@@ -95,12 +95,8 @@ class DaySplits:
         chosen = np.zeros(len(dates), bool)
         old = np.isin(dates, self.replay)
         if old.any() and self.replay_share > 0:
-            from lattice.data.split import hash_fraction
-
             ids = np.asarray(list(example_ids), dtype=object)[old].tolist()
-            if self.replay_salt is not None:
-                ids = [f"{e}|replay|{self.replay_salt}" for e in ids]
-            chosen[old] = hash_fraction(ids) < self.replay_share
+            chosen[old] = replay_fraction(ids, self.replay_salt) < self.replay_share
         return chosen
 
     def newly_known_rows(self, dates: Iterable[str], example_ids: Iterable[str]) -> np.ndarray:
@@ -143,6 +139,14 @@ class DaySplits:
         return cls(dict(d["days"]), list(d.get("replay", [])), float(d.get("replay_share", 0.0)),
                    float(d.get("validation_share", 1.0)), list(d.get("matured", [])), d.get("parent_cutoff"),
                    d.get("replay_salt"))
+
+
+def replay_fraction(example_ids: list, salt: str | None) -> np.ndarray:
+    """u in [0, 1) per id for the replay choice (a row is replayed when u < the share): the id's
+    own hash, or with `salt` (a run's test day) a hash of the id and the salt."""
+    from lattice.data.split import hash_fraction
+
+    return hash_fraction(example_ids if salt is None else [f"{e}|replay|{salt}" for e in example_ids])
 
 
 @dataclass(frozen=True)

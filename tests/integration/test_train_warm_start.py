@@ -176,7 +176,7 @@ def test_default_end_is_the_day_after_the_table_and_its_test_is_pending(setup) -
 
 
 def test_replay_adds_the_hashed_share_of_older_window_days(setup) -> None:
-    from lattice.data.split import hash_fraction
+    from lattice.data.window import replay_fraction
 
     cfg, paths = setup
     replayed = cfg.model_copy(update={"training": cfg.training.model_copy(update={"replay": 0.5})})
@@ -186,10 +186,11 @@ def test_replay_adds_the_hashed_share_of_older_window_days(setup) -> None:
     assert b["lineage"]["trained_days"] == ["2026-01-03"] and b["lineage"]["replayed_days"] == ["2026-01-02"]
     table = pd.read_parquet(paths.consolidated, columns=["example_id", "date"])
     table["date"] = table["date"].astype(str)
-    day2 = table[table.date == "2026-01-02"].example_id
-    want = int((table.date == "2026-01-03").sum()) + int((hash_fraction(day2) < 0.5).sum())
-    assert b["history"][0]["examples"] == want
-    assert 0 < int((hash_fraction(day2) < 0.5).sum()) < len(day2)
+    day2 = table[table.date == "2026-01-02"].example_id.tolist()
+    # the default rotating replay: the hash salted with B's test day, the day after its window
+    replayed = int((replay_fraction(day2, END_B) < 0.5).sum())
+    assert b["history"][0]["examples"] == int((table.date == "2026-01-03").sum()) + replayed
+    assert 0 < replayed < len(day2)
 
 
 def test_the_student_is_distilled_warm_from_the_last_student_on_the_teachers_days(setup) -> None:
