@@ -180,14 +180,16 @@ def _naive(t: dt.datetime) -> dt.datetime:
     return t.astimezone(dt.timezone.utc).replace(tzinfo=None) if t.tzinfo else t
 
 
-def train_newly_known(tbl: pa.Table, rows: np.ndarray, parent_cutoff: dt.datetime, config: PlatformConfig) -> pa.Table:
+def train_newly_known(tbl: pa.Table, rows: np.ndarray, parent_cutoff: dt.datetime, config: PlatformConfig,
+                      event_us: np.ndarray | None = None) -> pa.Table:
     """On `rows` (a matured day's rows, after `apply_cutoff_arrow`): keep only the labels that
     became known after `parent_cutoff`. An objective without a window was known at the impression
     (the parent trained on it): mask 0; a delayed one keeps its mask where its window closed after
-    the parent's cutoff, 0 where the parent already trained on it."""
+    the parent's cutoff, 0 where the parent already trained on it. `event_us`: the rows' impression
+    times in int64 microseconds, when the caller already converted them."""
     if not rows.any():
         return tbl
-    event = _to_us(tbl.column("event_timestamp").to_pandas())
+    event = event_us if event_us is not None else _to_us(tbl.column("event_timestamp").to_pandas())
     before = _cutoff_us(parent_cutoff)
     for o in config.objective_names:
         mc = S.mask_column(o)

@@ -339,8 +339,9 @@ class ExampleStream(IterableDataset):
             dates_ids = (row_dates(tbl, part), _unit_ids(tbl, part))  # read once, for both rules below
             rows = self.days.newly_known_rows(*dates_ids)
             parent_cutoff = dt.datetime.fromisoformat(self.days.parent_cutoff)
-            tbl = label_time.train_newly_known(tbl, rows, parent_cutoff, self.config)
-            heads = newly_known_heads(heads, tbl, rows, parent_cutoff, self.config)
+            event_us = label_time._to_us(tbl.column("event_timestamp").to_pandas()) if rows.any() else None
+            tbl = label_time.train_newly_known(tbl, rows, parent_cutoff, self.config, event_us)
+            heads = newly_known_heads(heads, tbl, rows, parent_cutoff, self.config, event_us)
             # a matured row with no newly known label (a domain without the delayed objective, a
             # Zipper head that closed before the parent) would only dilute its batch: not read
             stale = rows & ~label_time.teaches(tbl, self.config, heads)

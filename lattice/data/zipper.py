@@ -114,13 +114,14 @@ def zipper_heads_arrow(tbl: pa.Table, cutoff: dt.datetime | None, config) -> dic
 
 
 def newly_known_heads(heads: dict[str, tuple[np.ndarray, np.ndarray]], tbl: pa.Table, rows: np.ndarray,
-                      parent_cutoff: dt.datetime, config) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+                      parent_cutoff: dt.datetime, config, event_us: np.ndarray | None = None
+                      ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """On `rows` (a matured day's rows, lattice.data.label_time.train_newly_known): a head whose
     window had closed by the parent's cutoff trained then, so its mask is 0 now; one that closed
     since keeps its mask (each row trains its head once, when its window closes)."""
     if not heads or not rows.any():
         return heads
-    event = _to_us(tbl.column("event_timestamp").to_pandas())
+    event = event_us if event_us is not None else _to_us(tbl.column("event_timestamp").to_pandas())
     before = _cutoff_us(parent_cutoff)
     out = {}
     for o, (lab, msk) in heads.items():
