@@ -91,13 +91,15 @@ def requests_from_window(config, paths, n: int) -> list[dict]:
 
 
 def http_bench(url: str, reqs: list[dict], singles: int, batches: int, batch_size: int = 256,
-               pin_pid: int | None = None, sync=None) -> dict:
+               pin_pid: int | None = None, sync=None, cpu=None) -> dict:
     """One keep-alive connection from the standard library's HTTP client (httpx adds about 2 ms
     per call on this machine, which would be measured as server latency). `pin_pid`: reconnect
     until the connection is served by that uvicorn worker (its /healthz says its pid). `sync`:
     called after the warm-up and after the single requests (several clients wait there for each
     other, so that single requests are timed against single-request load, not against another
-    client's warm-up or batches)."""
+    client's warm-up or batches). `cpu`: returns the server's CPU seconds so far; each phase then
+    also reports the server's CPU time per request (less noisy than wall time on a shared
+    machine: another process's load stretches latency, not the server's own CPU time)."""
     import http.client
     from urllib.parse import urlparse
 
@@ -125,6 +127,7 @@ def http_bench(url: str, reqs: list[dict], singles: int, batches: int, batch_siz
             post(b)
         if sync is not None:
             sync()
+        cpu0 = settled(cpu) if cpu else 0.0
         single = []
         for i in range(singles):
             t = time.perf_counter()
@@ -136,6 +139,7 @@ def http_bench(url: str, reqs: list[dict], singles: int, batches: int, batch_siz
         # traffic's real repeat rate (Zipf ids), not one batch replayed
         chunks = [reqs[i:i + batch_size] for i in range(0, len(reqs) - batch_size + 1, batch_size)]
         batch_bodies = [json.dumps({"requests": c}).encode() for c in chunks]
+        cpu1 = settled(cpu) if cpu else 0.0
         batch = []
         started = time.perf_counter()
         for k in range(batches):
@@ -144,10 +148,39 @@ def http_bench(url: str, reqs: list[dict], singles: int, batches: int, batch_siz
             post(body)
             batch.append((time.perf_counter() - t) * 1e3)
         took = time.perf_counter() - started
+        cpu2 = settled(cpu) if cpu else 0.0
     finally:
         conn.close()
-    return {"single_ms": single, "batch_ms": batch, "predictions_per_s": batches * batch_size / took,
-            "single_per_s": singles / (sum(single) / 1e3)}
+    out = {"single_ms": single, "batch_ms": batch, "predictions_per_s": batches * batch_size / took,
+           "single_per_s": singles / (sum(single) / 1e3)}
+    if cpu:  # server CPU microseconds per single request, and per prediction in batches
+        out["cpu_us_single"] = (cpu1 - cpu0) * 1e6 / max(singles, 1)
+        out["cpu_us_prediction"] = (cpu2 - cpu1) * 1e6 / max(batches * batch_size, 1)
+    return out
+
+
+def settled(cpu, wait: float = 1.5) -> float:
+    """`cpu()` once the server's background work of the phase is done: the prediction log's
+    writer flushes at least every second (`flush_seconds`), so a phase's writes are charged to
+    it, not to the next phase or to nothing. An idle server spends no CPU while it waits."""
+    time.sleep(wait)
+    return cpu()
+
+
+def process_cpu(pid: int) -> float:
+    """CPU seconds (user + system) of a process and its live children, every thread included
+    (the prediction log's writer thread is part of what the server pays)."""
+    import psutil
+
+    proc = psutil.Process(pid)
+    total = 0.0
+    for p in [proc] + proc.children(recursive=True):
+        try:
+            t = p.cpu_times()
+            total += t.user + t.system
+        except psutil.NoSuchProcess:
+            pass
+    return total
 
 
 def in_process_split(config, paths, reqs: list[dict]) -> dict:
@@ -242,7 +275,7 @@ def serve_and_measure(cfg_file: str, wd: Path, url: str, args, reqs: list[dict])
             if time.time() > deadline or server.poll() is not None:
                 raise RuntimeError("the server did not become healthy")
             time.sleep(0.5)
-        return http_bench(url, reqs, args.singles, args.batches)
+        return http_bench(url, reqs, args.singles, args.batches, cpu=lambda: process_cpu(server.pid))
     finally:
         server.terminate()
         server.wait(timeout=30)
@@ -545,14 +578,18 @@ def ops_bench(config, cfg_file: str, wd: Path, args, reqs: list[dict]) -> None:
                   f"{res['predictions_per_s']:8,.0f} predictions/s", flush=True)
     med = {m: {"p50": float(np.median([np.percentile(r["single_ms"], 50) for r in rs])),
                "p99": float(np.median([np.percentile(r["single_ms"], 99) for r in rs])),
-               "pps": float(np.median([r["predictions_per_s"] for r in rs]))} for m, rs in results.items()}
+               "pps": float(np.median([r["predictions_per_s"] for r in rs])),
+               "cpu_single": float(np.median([r["cpu_us_single"] for r in rs])),
+               "cpu_pred": float(np.median([r["cpu_us_prediction"] for r in rs]))} for m, rs in results.items()}
     print(f"\nprediction log + /metrics, on vs off ({args.runs} runs each, medians; single: {args.singles} sequential "
           f"requests, batches: {args.batches} x 256)")
     for m in ["off", "on"] + names[2:]:
-        print(f"  {m:<7}  single p50 {med[m]['p50']:6.2f} ms  p99 {med[m]['p99']:6.2f} ms   batched {med[m]['pps']:9,.0f} predictions/s")
+        print(f"  {m:<7}  single p50 {med[m]['p50']:6.2f} ms  p99 {med[m]['p99']:6.2f} ms   batched {med[m]['pps']:9,.0f} predictions/s"
+              f"   server CPU {med[m]['cpu_single']:6.0f} us a single request, {med[m]['cpu_pred']:5.1f} us a batched prediction")
     for m in ["on"] + names[2:]:
         print(f"  {m} / off: single p99 x{med[m]['p99'] / med['off']['p99']:.3f}   batched predictions/s "
-              f"x{med[m]['pps'] / med['off']['pps']:.3f}")
+              f"x{med[m]['pps'] / med['off']['pps']:.3f}   server CPU single x{med[m]['cpu_single'] / med['off']['cpu_single']:.3f}"
+              f", batched x{med[m]['cpu_pred'] / med['off']['cpu_pred']:.3f}")
     print(f"  prediction log: {logged:,} rows written for {sent:,} predictions sent")
     from lattice.paths import Paths
 

@@ -154,7 +154,11 @@ class LogChunk:
                 values[d] = (None if got is None else str(got)) if type(s) is int else [None if v is None else str(v) for v in got]
         for o, values in self.probabilities.items():
             values[d] = probabilities[o][s]
-        self.unknown[d] = ",".join(unknown[s]) if type(s) is int else [",".join(u) for u in unknown[s]]
+        if type(s) is int:
+            self.unknown[d] = ",".join(unknown[s])
+        else:  # most batches have no unknown entity: one fill, not a join per row
+            got = unknown[s]
+            self.unknown[d] = [",".join(u) for u in got] if any(got) else ""
         self.store_error[d] = rows(store_error)
         flags = dense_present or {}
         for c, (values, present) in self.dense.items():
@@ -214,7 +218,7 @@ def _dictionary_columns(table: pa.Table) -> list[str]:
             if f.name in _FEW_VALUES or (f.name.startswith(FEATURE_PREFIX) and pa.types.is_integer(f.type))]
 
 
-def write_partitioned(table: pa.Table, root: Path) -> list[Path]:
+def write_partitioned(table: pa.Table, root: Path, compression: str = "lz4") -> list[Path]:
     """Append `table` under `root/hour=.../part-<unique>.parquet`, one file per hour it spans.
 
     Each part is written to a hidden temporary name and renamed, so a reader (or a crash) never
@@ -223,15 +227,16 @@ def write_partitioned(table: pa.Table, root: Path) -> list[Path]:
         return []
     ts = table.column("logged_at").to_numpy(zero_copy_only=False).astype("datetime64[h]")
     hours = np.datetime_as_string(ts, unit="h")
+    spans = np.unique(hours)
     out = []
-    for hour in np.unique(hours):
-        part = table.filter(pa.array(hours == hour)) if len(np.unique(hours)) > 1 else table
+    for hour in spans:
+        part = table.filter(pa.array(hours == hour)) if len(spans) > 1 else table
         folder = Path(root) / f"{PARTITION}={hour}"
         folder.mkdir(parents=True, exist_ok=True)
         name = f"part-{os.getpid()}-{uuid.uuid4().hex[:12]}.parquet"
         tmp = folder / f".{name}.tmp"
         try:
-            pq.write_table(part, tmp, compression="zstd", use_dictionary=_dictionary_columns(part))
+            pq.write_table(part, tmp, compression=compression, use_dictionary=_dictionary_columns(part))
             os.replace(tmp, folder / name)
         except BaseException:
             tmp.unlink(missing_ok=True)  # a full disk must not leave half a part behind to fill it further

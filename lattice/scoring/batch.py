@@ -78,7 +78,7 @@ def _log_predictions(config: PlatformConfig, paths: Paths, frame: pd.DataFrame, 
 
     table = frame_batch(LogSchema(config, features=config.monitoring.prediction_log.features), frame, probs, unknown, version,
                         logged_at=logged_at)
-    write_partitioned(table, log_dir(paths.workdir))
+    write_partitioned(table, log_dir(paths.workdir), config.monitoring.prediction_log.compression)
     return table.num_rows
 
 

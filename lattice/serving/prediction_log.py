@@ -29,8 +29,10 @@ SPARE_CHUNKS = 2  # chunks allocated up front
 
 class PredictionLogWriter:
     def __init__(self, schema: LogSchema, root: Path, queue_records: int = 100_000, flush_seconds: float = 1.0,
-                 flush_records: int = 5_000, on_write: Callable[[int, float], None] | None = None):
+                 flush_records: int = 5_000, on_write: Callable[[int, float], None] | None = None,
+                 compression: str = "lz4"):
         self.schema = schema
+        self.compression = compression
         self.root = Path(root)
         self.queue_records = queue_records
         self.flush_seconds = flush_seconds
@@ -117,7 +119,7 @@ class PredictionLogWriter:
         import pyarrow.parquet as pq
 
         try:
-            pq.write_table(LogChunk(self.schema, 0).table(), io.BytesIO())
+            pq.write_table(LogChunk(self.schema, 0).table(), io.BytesIO(), compression=self.compression)
         except Exception:  # noqa: BLE001 - only a warm-up; the real write reports its own errors
             pass
 
@@ -154,7 +156,7 @@ class PredictionLogWriter:
             self.last_error = f"{type(exc).__name__}: {exc}"
             return
         try:
-            write_partitioned(table, self.root)
+            write_partitioned(table, self.root, self.compression)
         except OSError as exc:  # unwritable folder, full disk, a vanished mount
             self._drop("write_error", n)
             if self.last_error is None or not self.last_error.endswith(str(exc)):

@@ -249,9 +249,14 @@ def test_a_chunk_filled_request_by_request_makes_each_requests_rows(config):
     chunk.put(0, 2, **items[1])  # no price, no version: where the old rows had both
     assert chunk.table().equals(record_batch(schema, **items[1]))
     assert chunk.table().column("f.price").null_count == 2
+    chunk.reset()  # a batch with no unknown entity (filled at once) over rows that had one
+    known = {**items[2], "unknown": [[], [], []]}
+    chunk.put(0, 3, **known)
+    assert chunk.table().equals(record_batch(schema, **known))
+    assert chunk.table().column("unknown_entities").to_pylist() == ["", "", ""]
     with pytest.raises(ValueError, match="do not fit"):
-        chunk.put(0, 7, **_item("d", 7, 1, 1.0))
-    assert chunk.n == 2
+        chunk.put(0, 6, **_item("d", 6, 1, 1.0))
+    assert chunk.n == 3
 
 
 def test_the_writer_spans_chunks_and_reuses_them(config, tmp_path):
@@ -365,3 +370,20 @@ def test_parts_dictionary_encode_only_the_columns_with_few_values(config, tmp_pa
     assert "RLE_DICTIONARY" not in encodings["request_id"] and "RLE_DICTIONARY" not in encodings["p_click"]
     assert "RLE_DICTIONARY" not in encodings["user_id"]
     assert pq.read_table(part).equals(table)
+    # the codec: lz4 by default (the cheapest to write beside scoring), the config's when given
+    assert {meta.column(i).compression for i in range(meta.num_columns)} <= {"LZ4", "LZ4_RAW"}
+    (zpart,) = write_partitioned(table, tmp_path / "z", "zstd")
+    assert pq.ParquetFile(zpart).metadata.row_group(0).column(0).compression == "ZSTD"
+    assert pq.read_table(zpart).equals(table)
+
+
+def test_serving_writes_the_configured_codec(config, tmp_path):
+    from lattice.serving.ops import ServingOps
+
+    log = config.monitoring.prediction_log.model_copy(update={"compression": "zstd"})
+    cfg = config.model_copy(update={"monitoring": config.monitoring.model_copy(update={"prediction_log": log})})
+    ops = ServingOps(cfg, tmp_path)
+    try:
+        assert ops.writer.compression == "zstd"
+    finally:
+        ops.close()
