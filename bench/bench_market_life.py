@@ -22,9 +22,10 @@ their interval (`--warmup-in-one-run`; tests/integration/test_pipeline_demo.py: 
     order-free hashes) and the online store's values for every entity are compared before and
     after, and every run's rows reconcile (raw rows in = consolidated + quarantined).
 (C) issue 35 (separate serving workdir `serve/`, sharing the tables of (A)'s run by symlink):
-    a champion trained once on the first window is served; every day its impressions are scored
-    with `lattice predict` (the same prediction-log schema as `lattice serve`; recorded as served
-    at that simulated day, `logged_at`), then, after the day's features run, `lattice monitor`
+    a champion trained once on the first window is served; every day its impressions are sent
+    to `lattice serve --replay-clock` over HTTP in batches of 256, logged at that simulated day's
+    noon (`X-Lattice-Logged-At`; `--scoring predict`: through `lattice predict --logged-at`, the
+    same log schema), then, after the day's features run, `lattice monitor`
     runs with the day's labels joined. A tripped rule starts a warm-start retrain (train, distill,
     promote) as the `retrain` asset would. Reports the day the shocked cell is flagged, its
     calibration on the days after the retrain and the trips on shock-free days (before the shock;
@@ -355,6 +356,90 @@ class Serving:
         self.broken: str | None = None
         self.retrain_on: int | None = None  # the day (0-based) whose features run starts the triggered retrain
         self.version: int | None = None
+        self.server = None  # `lattice serve --replay-clock` (--scoring http), started with the first champion
+
+    def close(self) -> None:
+        """A clean stop of the server: it writes every acknowledged log record."""
+        if self.server is not None:
+            self.server.terminate()
+            self.server.wait(timeout=60)
+            self.server = None
+
+    def _serve(self) -> str:
+        """The server's URL, started on first use over this workdir, serving the registry's
+        champion (a promotion is picked up within its poll interval)."""
+        import subprocess
+
+        import httpx
+        import yaml
+
+        url = f"http://127.0.0.1:{self.args.port}"
+        if self.server is None:
+            cfg_file = self.paths.workdir / "market.yaml"
+            cfg_file.write_text(yaml.safe_dump(self.cfg.model_dump(mode="json"), sort_keys=False))
+            self.server = subprocess.Popen(
+                [sys.executable, "-m", "lattice.cli", "serve", str(cfg_file), "--workdir", str(self.paths.workdir),
+                 "--port", str(self.args.port), "--replay-clock", "--poll-seconds", "0.5", "--log-level", "warning"], cwd=ROOT)
+            import atexit
+
+            atexit.register(self.close)  # a bench that stops on an error leaves no server behind
+            deadline = time.time() + 300
+            while True:
+                try:
+                    if httpx.get(url + "/healthz").status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                if time.time() > deadline or self.server.poll() is not None:
+                    raise RuntimeError("lattice serve did not become healthy")
+                time.sleep(0.5)
+        deadline = time.time() + 60  # a promotion since the last day: wait for the server to swap to it
+        while httpx.get(url + "/metadata").json().get("model_version") != self.version:
+            if time.time() > deadline:
+                raise RuntimeError(f"the server did not load champion v{self.version}")
+            time.sleep(0.25)
+        return url
+
+    def _post_day(self, frame, date: str, out: Path) -> int:
+        """The day's parsed rows as /predict batches of 256, logged at noon of that day; the
+        answers to `out` (example_id, domain, p_<objective>: what `lattice predict` writes)."""
+        import httpx
+        import pandas as pd
+
+        from lattice.data import schema as S
+
+        cfg = self.cfg
+        entity = [f.column for f in cfg.entity_features]
+        sparse = [c for c in S.sparse_columns(cfg) if c not in entity and c in frame]
+        dense = [c for c in S.dense_columns(cfg) if c in frame]
+        keys = [k for k in S.passthrough_columns(cfg) if k in frame]
+        reqs = []
+        for r in frame.to_dict("records"):
+            feats = {c: int(r[c]) for c in sparse if not pd.isna(r[c])}
+            feats.update({c: float(r[c]) for c in dense if r.get(S.present_column(c), 1) == 1 and not pd.isna(r[c])})
+            req = {"request_id": str(r["example_id"]), "domain": r["domain"],
+                   "entities": {k: int(r[k]) for k in entity}, "features": feats}
+            if keys:
+                req["passthrough"] = {k: str(r[k]) for k in keys if not pd.isna(r[k])}
+            reqs.append(req)
+        url = self._serve()
+        answers = []
+        with httpx.Client(timeout=120) as client:
+            for i in range(0, len(reqs), 256):
+                r = client.post(url + "/predict", json={"requests": reqs[i:i + 256]},
+                                headers={"X-Lattice-Logged-At": f"{date}T12:00:00Z"})
+                if r.status_code != 200:
+                    raise RuntimeError(f"/predict answered {r.status_code}: {r.text[:300]}")
+                answers += [{"example_id": a["request_id"], "domain": a["domain"],
+                             **{f"p_{o}": v for o, v in a["probabilities"].items()}} for a in r.json()["predictions"]]
+        out.parent.mkdir(parents=True, exist_ok=True)
+        pd.DataFrame(answers).to_parquet(out, index=False)
+        return len(reqs)
+
+    def _flush_log(self) -> None:
+        """The server's log on disk before the monitor reads it: its writer flushes at least
+        every `flush_seconds`; a stop and restart would also do, at a model load's cost."""
+        time.sleep(self.cfg.monitoring.prediction_log.flush_seconds + 1.0)
 
     def hook(self, k: int, when: str) -> None:
         if self.broken:
@@ -387,10 +472,19 @@ class Serving:
             folder = self.paths.data_root / src.domain / f"date={date}"
             if not folder.exists():
                 continue
+            if self.args.scoring == "http":  # through `lattice serve`, as a day of traffic
+                from pipelines.score_input import parse_input
+
+                with quiet():
+                    good, _, _ = parse_input(self.cfg, str(folder), src.name)
+                n += self._post_day(good, date, out / f"{date}-{src.domain}.parquet")
+                continue
             with quiet():
                 r = run_stage("predict", self.cfg, self.paths, input=str(folder), output=str(out / f"{date}-{src.domain}.parquet"),
                               model="champion", source=src.name, logged_at=f"{date}T12:00")
             n += r["logged"]
+        if self.args.scoring == "http":
+            self._flush_log()
         self.report["days"].setdefault(date, {})["scored"] = {"rows": n, "version": self.version,
                                                               "seconds": round(time.perf_counter() - t, 1)}
 
@@ -583,6 +677,10 @@ def main() -> None:
     ap.add_argument("--cal-confidence", type=float, default=0.95,
                     help="the calibration rule's interval (0: the point estimate alone, the rule before it)")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--scoring", default="http", choices=["http", "predict"],
+                    help="(C) scores each day's impressions through `lattice serve --replay-clock` over HTTP (batches "
+                         "of 256, logged at the day's noon) or through `lattice predict --logged-at` (the same log schema)")
+    ap.add_argument("--port", type=int, default=8791, help="(C)'s server port with --scoring http")
     ap.add_argument("--warmup-in-one-run", action="store_true",
                     help="days 1..first-2 (before anything is trained, judged or served) in one features run over their interval")
     args = ap.parse_args()
@@ -614,12 +712,19 @@ def main() -> None:
     if "A" in parts:
         part_a(life, report)
     else:
-        for k in range(args.days):
+        # (C) alone: the days before the first champion's window ends hold nothing to score or
+        # monitor, so --warmup-in-one-run runs them as (A) does, in one features run
+        warm = max(0, args.first - 2) if args.warmup_in_one_run else 0
+        if warm:
+            life.features(0, warm)
+        for k in range(warm, args.days):
             if args.serve_hook:
                 args.serve_hook(k, "before_features")
             life.features(k)
             if args.serve_hook:
                 args.serve_hook(k, "after_features")
+    if serve is not None:
+        serve.close()
     print(f"\nforward run: {time.perf_counter() - t0:.0f} s", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1, default=str))

@@ -111,7 +111,8 @@ def _run(args: argparse.Namespace, config, workers: int, common: dict) -> int:
 
     if workers > 1:
         # each worker process imports the factory and builds its own server from this spec
-        os.environ.update(spec_env(os.path.abspath(args.config), args.workdir, args.poll_seconds, args.torch_threads))
+        os.environ.update(spec_env(os.path.abspath(args.config), args.workdir, args.poll_seconds, args.torch_threads,
+                                   args.replay_clock))
         # /metrics sums every worker's values from files in one folder (prometheus-client's
         # multiprocess mode); a fresh folder per start, so a previous run's counts never add in
         # (our own folder even when an import of Feast already set one of its own)
@@ -130,7 +131,7 @@ def _run(args: argparse.Namespace, config, workers: int, common: dict) -> int:
     torch.set_num_threads(args.torch_threads)
     paths = Paths.for_config(config, args.workdir)
     try:
-        app = create_app(config, paths, poll_seconds=args.poll_seconds)
+        app = create_app(config, paths, poll_seconds=args.poll_seconds, replay_clock=args.replay_clock)
     except ServingStartupError as exc:
         print(f"lattice serve: {exc}", file=sys.stderr)
         return 1
@@ -148,6 +149,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="allow a --host beyond loopback without a token (logged as a warning)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--poll-seconds", type=float, default=2.0, help="how often to check whether the champion alias moved")
+    p.add_argument("--replay-clock", action="store_true",
+                   help="replays of past traffic (backtests): a /predict request may set the time its rows are logged at "
+                        "with the header X-Lattice-Logged-At (ISO 8601 or epoch seconds); refused with 400 otherwise")
     p.add_argument("--torch-threads", type=int, default=1, help="intra-op threads for the model (default 1)")
     p.add_argument("--workers", type=int, default=None,
                    help="uvicorn worker processes sharing the port (default: the scale-out profile's serving.workers, else 1)")

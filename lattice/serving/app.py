@@ -21,6 +21,7 @@ is open like /healthz (counts only, no request data).
 
 from __future__ import annotations
 
+import datetime as dt
 import hmac
 import json
 import logging
@@ -176,6 +177,31 @@ def decode_body(raw: bytes, schema: RequestSchema) -> tuple[list, bool, bool]:
     return reqs, batch, False
 
 
+LOGGED_AT_HEADER = "X-Lattice-Logged-At"
+
+
+def replayed_time(value: str | None, replay_clock: bool) -> float | None:
+    """The `X-Lattice-Logged-At` header -> epoch seconds (None: absent). An ISO 8601 time (a
+    naive one is UTC) or epoch seconds; 400 when malformed, or when the server was not started
+    with `--replay-clock`."""
+    if value is None:
+        return None
+    if not replay_clock:
+        raise RequestError(None, status=400, message=f"{LOGGED_AT_HEADER} is taken only by a server started with `lattice serve --replay-clock` "
+                                 "(a replay of past traffic); a live server logs its own time: drop the header")
+    text = value.strip()
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        when = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise RequestError(None, status=400, message=f"{LOGGED_AT_HEADER}: {value!r} is not a time; send ISO 8601 (2026-01-12T12:00:00Z) "
+                                 "or epoch seconds") from None
+    return (when if when.tzinfo is not None else when.replace(tzinfo=dt.timezone.utc)).timestamp()
+
+
 # A body up to this size is parsed without a fair turn of its own (fairness between clients,
 # `_parse_fairly`): a few rows, well under a millisecond to decode and check.
 _TURNLESS_BODY_BYTES = 8192
@@ -316,10 +342,11 @@ class Server:
         if config.features.aggregates:
             self.online.open()
 
-    def score(self, reqs: list, ops: ServingOps | None = None, served=None) -> dict[str, Any]:
+    def score(self, reqs: list, ops: ServingOps | None = None, served=None, logged_at: float | None = None) -> dict[str, Any]:
         """Requests -> the response body (`PredictResponse`'s layout) as plain Python values.
         `ops`: where the scored batch is recorded (prediction log, metrics). `served`: the model
-        to use (a batch scored in chunks passes the one it read first: one whole model)."""
+        to use (a batch scored in chunks passes the one it read first: one whole model).
+        `logged_at`: the log's time for these rows (a replay's; default now)."""
         served = served if served is not None else self.slot.current  # read once: one whole model
         if served is None:
             raise LookupError("no champion model is loaded yet")
@@ -333,7 +360,7 @@ class Server:
         probs = served.model.predict_columns(cols)
         if ops is not None:
             ops.record(reqs, cols, probs, unknown, getattr(self.online, "fallbacks", 0) - errors0,
-                       getattr(self.online, "reads", 0) - reads0, served.version)
+                       getattr(self.online, "reads", 0) - reads0, served.version, logged_at)
         names = list(probs)
         rows = zip(*(probs[o].tolist() for o in names))  # python floats, one conversion per objective
         preds = [
@@ -343,10 +370,14 @@ class Server:
         return {"model_version": served.version, "predictions": preds}
 
 
-def create_app(config: PlatformConfig, paths: Paths, poll_seconds: float = 2.0, server: Server | None = None) -> FastAPI:
+def create_app(config: PlatformConfig, paths: Paths, poll_seconds: float = 2.0, server: Server | None = None,
+               replay_clock: bool = False) -> FastAPI:
     """`server`: one already built (tests stand one in without a registry); by default the
-    lifespan builds it. Raises ServingStartupError when `serving.auth_token_env` names a variable
-    that is not set."""
+    lifespan builds it. `replay_clock`: a /predict request may set the time its rows are logged
+    at (`X-Lattice-Logged-At`), for replaying a past day's traffic through the server (a
+    backtest, the simulated market of bench_market_life); refused otherwise, so that a live
+    server's log time is always its own. Raises ServingStartupError when
+    `serving.auth_token_env` names a variable that is not set."""
     server_box: dict[str, Server] = {}
     prebuilt = server
     limits = config.serving
@@ -425,6 +456,10 @@ def create_app(config: PlatformConfig, paths: Paths, poll_seconds: float = 2.0, 
         except Exception:  # a bug, not the client's input: logged with its traceback
             log.exception("reading a /predict body failed")
             return JSONResponse(status_code=500, content={"detail": "internal error while reading the request; see the server log"})
+        try:
+            logged_at = replayed_time(request.headers.get(LOGGED_AT_HEADER), replay_clock)
+        except RequestError as exc:
+            return JSONResponse(status_code=exc.status, content={"detail": str(exc)})
         request.scope["lattice.batch"] = len(reqs)
         ticket.rows(len(reqs))  # 429 over serving.limits.max_rows_in_flight
         served = server.slot.current  # read once: every chunk of this batch is scored by one model
@@ -436,7 +471,7 @@ def create_app(config: PlatformConfig, paths: Paths, poll_seconds: float = 2.0, 
             # forward. A batch goes in chunks, each after its fair turn among the clients. The
             # response is serialised once here by msgspec (the route's response_model only
             # documents it), instead of FastAPI validating it again.
-            body = await _score_fairly(server, reqs, served, ticket.client)
+            body = await _score_fairly(server, reqs, served, ticket.client, logged_at)
         except LookupError as exc:
             return JSONResponse(status_code=503, content={"detail": str(exc)})
         except Exception:  # the last resort: valid input never gets here; logged with its traceback
@@ -459,12 +494,12 @@ def create_app(config: PlatformConfig, paths: Paths, poll_seconds: float = 2.0, 
                 schema.check_all(reqs[i:i + chunk], batch, start=i)
         return reqs
 
-    async def _score_fairly(server: Server, reqs: list, served, client: str) -> dict[str, Any]:
+    async def _score_fairly(server: Server, reqs: list, served, client: str, logged_at: float | None = None) -> dict[str, Any]:
         chunk = client_limits.score_chunk_rows
         body: dict[str, Any] | None = None
         for i in range(0, len(reqs), chunk):
             async with scheduler.turn(client):
-                out = server.score(reqs[i:i + chunk], ops, served=served)
+                out = server.score(reqs[i:i + chunk], ops, served=served, logged_at=logged_at)
             if body is None:
                 body = out
             else:

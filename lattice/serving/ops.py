@@ -61,8 +61,10 @@ class ServingOps:
             self._version = version
 
     def record(self, reqs: list, cols, probs: dict[str, np.ndarray], unknown: list[list[str]], store_errors: int,
-               store_reads: int, version: int) -> None:
-        """One scored batch: metrics now, the log rows handed to the writer's thread."""
+               store_reads: int, version: int, logged_at: float | None = None) -> None:
+        """One scored batch: metrics now, the log rows handed to the writer's thread. `logged_at`:
+        the time the log records (epoch seconds; default now), given only by a replay of past
+        traffic (`lattice serve --replay-clock`)."""
         if self.metrics is not None:
             self._count(cols, probs, unknown, store_errors, store_reads, version)
         if self.writer is None:
@@ -70,7 +72,8 @@ class ServingOps:
         try:
             dense_present = {c: cols.dense[S.present_column(c)] for c in self._dense if S.present_column(c) in cols.dense}
             ok = self.writer.submit(
-                len(reqs), request_id=[r.request_id for r in reqs], logged_at=time.time(), origin="serve",
+                len(reqs), request_id=[r.request_id for r in reqs], logged_at=time.time() if logged_at is None else logged_at,
+                origin="serve",
                 domain=cols.domain, model_version=version,
                 entities={k: cols.sparse[k] for k in self._entity_keys},
                 passthrough={k: [(r.passthrough or {}).get(k) for r in reqs] for k in self._passthrough},

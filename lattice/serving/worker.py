@@ -16,9 +16,10 @@ import os
 SPEC_ENV = "LATTICE_SERVE_SPEC"
 
 
-def spec_env(config_file: str, workdir: str | None, poll_seconds: float, torch_threads: int) -> dict[str, str]:
+def spec_env(config_file: str, workdir: str | None, poll_seconds: float, torch_threads: int,
+             replay_clock: bool = False) -> dict[str, str]:
     return {SPEC_ENV: json.dumps({"config": config_file, "workdir": workdir, "poll_seconds": poll_seconds,
-                                  "torch_threads": torch_threads})}
+                                  "torch_threads": torch_threads, "replay_clock": replay_clock})}
 
 
 def app():
@@ -32,4 +33,5 @@ def app():
     spec = json.loads(os.environ[SPEC_ENV])
     torch.set_num_threads(spec["torch_threads"])
     config = load_config(spec["config"])
-    return create_app(config, Paths.for_config(config, spec["workdir"]), poll_seconds=spec["poll_seconds"])
+    return create_app(config, Paths.for_config(config, spec["workdir"]), poll_seconds=spec["poll_seconds"],
+                      replay_clock=spec.get("replay_clock", False))

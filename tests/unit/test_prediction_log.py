@@ -65,7 +65,7 @@ class _Online:
         return {c: np.full(n, 3.0) for c in self.agg}, [["user_id"] if u == 404 else [] for u in users.tolist()]
 
 
-def _app(config, workdir: Path, down: bool = False, **log):
+def _app(config, workdir: Path, down: bool = False, replay_clock: bool = False, **log):
     mon = config.monitoring.model_copy(update={"prediction_log": config.monitoring.prediction_log.model_copy(update=log)})
     cfg = config.model_copy(update={"monitoring": mon})
     server = Server.__new__(Server)
@@ -73,7 +73,7 @@ def _app(config, workdir: Path, down: bool = False, **log):
     model = _Model(cfg)
     server.slot = ModelSlot(lambda: 7, lambda version: model, poll_seconds=3600)
     server.online = _Online(cfg, down)
-    return create_app(cfg, Paths(workdir=workdir, data_root=ROOT), server=server)
+    return create_app(cfg, Paths(workdir=workdir, data_root=ROOT), server=server, replay_clock=replay_clock)
 
 
 def _req(i: int, domain: str = "feed", user: int = 1, price: float | None = 5.0) -> dict:
@@ -115,6 +115,32 @@ def test_clean_stop_keeps_every_acknowledged_record(config, tmp_path):
     assert t["f.user_click_count_1d"].tolist() == [3.0, 3.0, 3.0]
     assert t["f.device"].tolist() == [3, 3, 3]
     assert t["hour"].iloc[0] == t["logged_at"].iloc[0].strftime("%Y-%m-%dT%H")
+
+
+def test_a_replay_logs_the_time_it_sends_and_a_live_server_refuses_it(config, tmp_path):
+    """`--replay-clock`: a past day's traffic replayed through the server is logged at the time
+    each request names (so the monitor's periods are that day's); a bad time is a 400 that names
+    the forms. Without the flag the header is a 400: a live server's log time is its own."""
+    with TestClient(_app(config, tmp_path / "live")) as client:
+        r = client.post("/predict", json=_req(0), headers={"X-Lattice-Logged-At": "2026-01-12T12:00:00Z"})
+        assert r.status_code == 400 and "--replay-clock" in r.json()["detail"]
+    with TestClient(_app(config, tmp_path / "replay", replay_clock=True)) as client:
+        assert client.post("/predict", json=_req(1), headers={"X-Lattice-Logged-At": "2026-01-12T12:00:00Z"}).status_code == 200
+        batch = {"requests": [_req(2), _req(3)]}
+        assert client.post("/predict", json=batch, headers={"X-Lattice-Logged-At": "2026-01-13T08:30"}).status_code == 200
+        assert client.post("/predict", json=_req(4), headers={"X-Lattice-Logged-At": "1767225600"}).status_code == 200
+        assert client.post("/predict", json=_req(5)).status_code == 200  # no header: now
+        r = client.post("/predict", json=_req(6), headers={"X-Lattice-Logged-At": "yesterday"})
+        assert r.status_code == 400 and "ISO 8601" in r.json()["detail"]
+    t = ds.dataset(str(log_dir(tmp_path / "replay")), format="parquet", partitioning="hive").to_table().to_pandas()
+    at = dict(zip(t["request_id"], t["logged_at"]))
+    assert sorted(at) == ["r1", "r2", "r3", "r4", "r5"]  # the refused request is not logged
+    assert at["r1"] == pd.Timestamp("2026-01-12T12:00:00Z")
+    assert at["r2"] == at["r3"] == pd.Timestamp("2026-01-13T08:30:00Z")  # a naive time is UTC
+    assert at["r4"] == pd.Timestamp("2026-01-01T00:00:00Z")
+    assert at["r5"] > pd.Timestamp("2026-06-01T00:00:00Z")
+    assert sorted(set(t["hour"])) == sorted({"2026-01-12T12", "2026-01-13T08", "2026-01-01T00", at["r5"].strftime("%Y-%m-%dT%H")})
+    assert not (tmp_path / "live" / "prediction_log").exists() or not list(log_dir(tmp_path / "live").rglob("*.parquet"))
 
 
 def test_unwritable_folder_counts_drops_and_still_answers(config, tmp_path):
