@@ -575,7 +575,8 @@ def ops_bench(config, cfg_file: str, wd: Path, args, reqs: list[dict]) -> None:
                 sent += 20 + args.singles + 256 * args.batches
                 logged += _log_rows(wd) - before
             print(f"  run {run + 1} {mode:<7}: single p99 {np.percentile(res['single_ms'], 99):6.2f} ms   "
-                  f"{res['predictions_per_s']:8,.0f} predictions/s", flush=True)
+                  f"{res['predictions_per_s']:8,.0f} predictions/s   server CPU {res['cpu_us_single']:5.0f} us a single request, "
+                  f"{res['cpu_us_prediction']:5.1f} us a batched prediction", flush=True)
     med = {m: {"p50": float(np.median([np.percentile(r["single_ms"], 50) for r in rs])),
                "p99": float(np.median([np.percentile(r["single_ms"], 99) for r in rs])),
                "pps": float(np.median([r["predictions_per_s"] for r in rs])),
