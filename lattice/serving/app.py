@@ -25,6 +25,7 @@ import datetime as dt
 import hmac
 import json
 import logging
+import math
 import os
 import re
 import time
@@ -190,16 +191,19 @@ def replayed_time(value: str | None, replay_clock: bool) -> float | None:
         raise RequestError(None, status=400, message=f"{LOGGED_AT_HEADER} is taken only by a server started with `lattice serve --replay-clock` "
                                  "(a replay of past traffic); a live server logs its own time: drop the header")
     text = value.strip()
+    bad = RequestError(None, status=400, message=f"{LOGGED_AT_HEADER}: {value!r} is not a time; send ISO 8601 "
+                                                 "(2026-01-12T12:00:00Z) or epoch seconds")
     try:
-        return float(text)
+        seconds = float(text)
     except ValueError:
-        pass
-    try:
-        when = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        raise RequestError(None, status=400, message=f"{LOGGED_AT_HEADER}: {value!r} is not a time; send ISO 8601 (2026-01-12T12:00:00Z) "
-                                 "or epoch seconds") from None
-    return (when if when.tzinfo is not None else when.replace(tzinfo=dt.timezone.utc)).timestamp()
+        try:
+            when = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+        except ValueError:
+            raise bad from None
+        return (when if when.tzinfo is not None else when.replace(tzinfo=dt.timezone.utc)).timestamp()
+    if not math.isfinite(seconds):  # float() reads "nan" and "inf": no hour to log them in
+        raise bad
+    return seconds
 
 
 # A body up to this size is parsed without a fair turn of its own (fairness between clients,

@@ -130,8 +130,9 @@ def test_a_replay_logs_the_time_it_sends_and_a_live_server_refuses_it(config, tm
         assert client.post("/predict", json=batch, headers={"X-Lattice-Logged-At": "2026-01-13T08:30"}).status_code == 200
         assert client.post("/predict", json=_req(4), headers={"X-Lattice-Logged-At": "1767225600"}).status_code == 200
         assert client.post("/predict", json=_req(5)).status_code == 200  # no header: now
-        r = client.post("/predict", json=_req(6), headers={"X-Lattice-Logged-At": "yesterday"})
-        assert r.status_code == 400 and "ISO 8601" in r.json()["detail"]
+        for bad in ("yesterday", "nan", "inf"):
+            r = client.post("/predict", json=_req(6), headers={"X-Lattice-Logged-At": bad})
+            assert r.status_code == 400 and "ISO 8601" in r.json()["detail"], bad
     t = ds.dataset(str(log_dir(tmp_path / "replay")), format="parquet", partitioning="hive").to_table().to_pandas()
     at = dict(zip(t["request_id"], t["logged_at"]))
     assert sorted(at) == ["r1", "r2", "r3", "r4", "r5"]  # the refused request is not logged
