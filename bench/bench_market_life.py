@@ -383,16 +383,10 @@ class Serving:
             import atexit
 
             atexit.register(self.close)  # a bench that stops on an error leaves no server behind
-            deadline = time.time() + 300
-            while True:
-                try:
-                    if httpx.get(url + "/healthz").status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                if time.time() > deadline or self.server.poll() is not None:
-                    raise RuntimeError("lattice serve did not become healthy")
-                time.sleep(0.5)
+            sys.path.insert(0, str(ROOT / "bench"))
+            from bench_serving import wait_healthy
+
+            wait_healthy(url, self.server, 300)
         deadline = time.time() + 60  # a promotion since the last day: wait for the server to swap to it
         while httpx.get(url + "/metadata").json().get("model_version") != self.version:
             if time.time() > deadline:

@@ -258,23 +258,28 @@ def start_server(cfg_file: str, wd: Path, url: str, args, workers: int = 1) -> s
         time.sleep(0.5)
 
 
-def serve_and_measure(cfg_file: str, wd: Path, url: str, args, reqs: list[dict]) -> dict:
-    """Start `lattice serve` in its own process, wait until healthy, run the loop, stop it."""
+def wait_healthy(url: str, server: subprocess.Popen, seconds: float) -> None:
+    """Until `url`/healthz answers 200; RuntimeError when `server` exits or `seconds` pass."""
     import httpx
 
+    deadline = time.time() + seconds
+    while True:
+        try:
+            if httpx.get(url + "/healthz").status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        if time.time() > deadline or server.poll() is not None:
+            raise RuntimeError(f"lattice serve at {url} did not become healthy")
+        time.sleep(0.5)
+
+
+def serve_and_measure(cfg_file: str, wd: Path, url: str, args, reqs: list[dict]) -> dict:
+    """Start `lattice serve` in its own process, wait until healthy, run the loop, stop it."""
     server = subprocess.Popen([sys.executable, "-m", "lattice.cli", "serve", cfg_file, "--workdir", str(wd), "--port", str(args.port),
                                "--log-level", "warning"], cwd=ROOT)
     try:
-        deadline = time.time() + 180
-        while True:
-            try:
-                if httpx.get(url + "/healthz").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.time() > deadline or server.poll() is not None:
-                raise RuntimeError("the server did not become healthy")
-            time.sleep(0.5)
+        wait_healthy(url, server, 180)
         return http_bench(url, reqs, args.singles, args.batches, cpu=lambda: process_cpu(server.pid))
     finally:
         server.terminate()
