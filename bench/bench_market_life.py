@@ -86,10 +86,13 @@ def build_config(args, seed: int, shock: bool, base: Path):
         "training": cfg.training.model_copy(update={"window": args.window, "epochs": args.epochs, "nproc": 1,
                                                     "label_delay": args.label_delay, "replay": args.replay,
                                                     "replay_rows": args.replay_rows,
-                                                    "zipper": (Zipper(windows=args.zipper_windows.split(","))
+                                                    "zipper": (Zipper(windows=args.zipper_windows.split(","),
+                                                                      shares=([float(x) for x in args.zipper_shares.split(",")]
+                                                                              if args.zipper_shares else None))
                                                                if args.label_delay == "zipper" else cfg.training.zipper),
                                                     "window_validation": args.window_validation}),
-        "monitoring": cfg.monitoring.model_copy(update={"rules": [
+        "monitoring": cfg.monitoring.model_copy(update={**({"retrain_validation_share": args.retrain_validation_share}
+                                                  if args.retrain_validation_share is not None else {}), "rules": [
             CalibrationRule(kind="calibration", low=args.cal_low, high=args.cal_high,
                             min_positives=args.min_positives, periods=args.periods,
                             confidence=args.cal_confidence)]}),
@@ -144,15 +147,19 @@ class Life:
 # ---------------------------------------------------------------- (A) retraining every day
 
 
-def train_round(cfg, paths, end: str, first: bool, scratch: bool, student_warm: str = "none") -> dict:
+def train_round(cfg, paths, end: str, first: bool, scratch: bool, student_warm: str = "none",
+                validation_share: float | None = None) -> dict:
     """One day's teacher chain: warm teacher (or the first window's), from-scratch teacher, student
-    distilled, exported and registered, then the next-day gate."""
+    distilled, exported and registered, then the next-day gate. `validation_share`: what a retrain
+    a rule started holds out of its newest day (the DAG passes monitoring.retrain_validation_share;
+    the student follows its teacher's lineage)."""
     from lattice.stages import run_stage
 
     out: dict = {"end": end}
     t = time.perf_counter()
     with quiet():
-        s = run_stage("train", cfg, paths, model="teacher", end=end, warm_start="none" if first else "last", progress=False)
+        s = run_stage("train", cfg, paths, model="teacher", end=end, warm_start="none" if first else "last", progress=False,
+                      validation_share=validation_share)
     m = json.loads((paths.model_dir("teacher") / "metrics.json").read_text())
     out["warm"] = {"cells": cells_of(m), "macro": m["macro"]["ne"], "examples": sum(e["examples"] for e in s["history"]),
                    "trained": s["lineage"]["trained_days"], "seconds": time.perf_counter() - t}
@@ -520,7 +527,8 @@ class Serving:
                 rec["retrain_started"] = True
         if self.retrain_on == k:
             # the retrain asset's chain: warm teacher on the days since the champion's, student, next-day gate on day k
-            r = train_round(cfg, self.paths, end=date, first=False, scratch=False, student_warm=self.args.student_warm_start)
+            r = train_round(cfg, self.paths, end=date, first=False, scratch=False, student_warm=self.args.student_warm_start,
+                            validation_share=cfg.monitoring.retrain_validation_share)
             self.retrain_on = None
             if r["gate"]["passed"]:
                 self.version = r["gate"]["champion_after"]
@@ -639,11 +647,18 @@ def main() -> None:
     ap.add_argument("--window-validation", type=float, default=1.0,
                     help="training.window_validation: the share of the window's newest day held out for validation "
                          "(the rest trains); 1 holds out the whole day")
+    ap.add_argument("--retrain-validation-share", type=float, default=None,
+                    help="(C) monitoring.retrain_validation_share: the share of the newest window day (the tripped day) "
+                         "a rule-started retrain holds out for validation; its teacher and student train on the rest "
+                         "(default: the config's)")
     ap.add_argument("--label-delay", default="naive", choices=["naive", "mask", "zipper"],
                     help="training.label_delay; mask needs a window longer than the 7d attribution window (else no "
                          "conversion label of a train day is known at the cutoff and the conversion heads never train)")
     ap.add_argument("--zipper-windows", default="1d,3d,7d",
-                    help="training.zipper.windows under --label-delay zipper (equal shares)")
+                    help="training.zipper.windows under --label-delay zipper")
+    ap.add_argument("--zipper-shares", default=None,
+                    help="training.zipper.shares under --label-delay zipper, one per window (e.g. 0.2,0.2,0.6); "
+                         "default equal shares")
     ap.add_argument("--replay", type=float, default=0.0,
                     help="training.replay: the share of older window days a warm start trains on beside the new days "
                          "(under mask, the only days whose conversions have matured)")
@@ -697,7 +712,7 @@ def main() -> None:
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; demo market "
           f"{args.days * args.rows_per_day:,} rows over {args.days} days ({args.rows_per_day:,}/day), seed {args.market_seed}; "
           f"shock: {cfg.synthetic.market.shock}; {args.sizes} model sizes; {args.epochs} epoch(s); student warm start "
-          f"{args.student_warm_start}; label delay {args.label_delay}{' ' + args.zipper_windows if args.label_delay == 'zipper' else ''}; replay {args.replay} ({args.replay_rows}); workdir {base}")
+          f"{args.student_warm_start}; label delay {args.label_delay}{' ' + args.zipper_windows + (' shares ' + args.zipper_shares if args.zipper_shares else '') if args.label_delay == 'zipper' else ''}; replay {args.replay} ({args.replay_rows}); workdir {base}")
     report["market"] = {k: m.get(k) for k in ("rows", "rows_per_domain", "label_sums")}
     serve = None
     if "C" in parts:

@@ -24,7 +24,7 @@ from airflow.sdk import Asset, Param, dag, get_current_context, task
 
 from lattice.config import PlatformConfig
 from lattice.orchestration.config_errors import load_configs
-from lattice.orchestration.spec import AirflowTask, DagSpec, dag_specs, form_values
+from lattice.orchestration.spec import AirflowTask, DagSpec, dag_specs, asset_name, form_values, rule_started
 
 log = logging.getLogger(__name__)
 
@@ -43,11 +43,11 @@ START = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
 def assets_for(config: PlatformConfig) -> dict[str, Asset]:
     """features / teacher / student: what the upstream DAG publishes and the downstream one waits for.
     Named by config, not by folder: a moved workdir must not turn into a new (or a clashing) asset."""
-    return {kind: Asset(name=f"lattice.{config.name}.{kind}", uri=f"x-lattice://{config.name}/{kind}", group="lattice")
+    return {kind: Asset(name=asset_name(config, kind), uri=f"x-lattice://{config.name}/{kind}", group="lattice")
             for kind in ("features", "teacher", "student", "retrain")}
 
 
-def _task(config_file: str, spec: DagSpec, group: AirflowTask, outlets: list[Asset]):
+def _task(config_file: str, config: PlatformConfig, spec: DagSpec, group: AirflowTask, outlets: list[Asset]):
     @task(task_id=group.task_id, outlets=outlets, doc_md=group.doc)
     def run_stage() -> dict:
         from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
@@ -62,6 +62,8 @@ def _task(config_file: str, spec: DagSpec, group: AirflowTask, outlets: list[Ass
         run_type = getattr(getattr(run, "run_type", None), "value", getattr(run, "run_type", None))
         interval = (str(run_type) if run_type else None, context.get("data_interval_start"), context.get("data_interval_end"))
         params = form_values(dict(context["params"]), spec.params)
+        # a retrain a monitoring rule started trains on part of the day it tripped on
+        params = rule_started(config, spec.family, params, [a.name for a in context.get("triggering_asset_events") or {}])
         t = group.last
         try:
             if len(group.steps) == 1:
@@ -148,7 +150,7 @@ def build(config_file: str, config: PlatformConfig, spec: DagSpec, assets: dict[
         previous = None
         for group in spec.airflow_tasks:  # consecutive Spark steps share one task (one Spark session)
             outlet = group.last.outlet
-            current = _task(config_file, spec, group, [assets[outlet]] if outlet else [])
+            current = _task(config_file, config, spec, group, [assets[outlet]] if outlet else [])
             if previous is not None:
                 previous >> current
             previous = current

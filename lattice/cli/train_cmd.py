@@ -60,13 +60,18 @@ def _train(args: argparse.Namespace) -> int:
     from lattice.training.warm_start import WarmStartError
 
     config, paths = config_and_paths(args)
+    if args.validation_share is not None and args.validation_share < 1 and config.training.window is None:
+        print(f"error: --validation-share {args.validation_share} holds out a share of a window's newest day, and "
+              "training.window is unset: set it (e.g. --set training.window=14d) or leave --validation-share out",
+              file=sys.stderr)
+        return 2
     models = baseline_names(config) if args.model == "all-baselines" else [args.model]
     results = {}
     for name in models:
         try:
             s = train(config, paths, model=name, nproc=args.nproc, epochs=args.epochs, teacher_scores=args.teacher_scores,
                       seed=args.seed, resume=args.resume, node_rank=args.node_rank, resume_hint=resume_command(args, name),
-                      end=args.end, warm_start=args.warm_start)
+                      end=args.end, warm_start=args.warm_start, validation_share=args.validation_share)
         except (NoTrainingData, FileNotFoundError, CheckpointError, RankFailed, ProfileError, WarmStartError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 1
@@ -118,5 +123,19 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "(default: the table's latest day + 1)")
     p.add_argument("--warm-start", default=None, choices=["none", "last", "champion"],
                    help="continue from the last model or the champion (default: training.warm_start)")
+    p.add_argument("--validation-share", type=_share, default=None, metavar="SHARE",
+                   help="with training.window: hold out only this share (0-1] of the window's newest day for "
+                        "validation and train on the rest, as a retrain a monitoring rule started does "
+                        "(default: training.window_validation)")
     add_set_argument(p)
     p.set_defaults(func=_train)
+
+
+def _share(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value <= 1:  # nan fails too
+        raise argparse.ArgumentTypeError(f"{text!r}: give a share in (0, 1], e.g. 0.5")
+    return value

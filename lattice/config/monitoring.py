@@ -105,3 +105,9 @@ class Monitoring(_Strict):
     """Checks over the per-cell series; one that trips is listed in the monitor's `tripped`."""
     cooldown_hours: float = Field(default=24.0, ge=0)
     """After a rule trips for a cell, the same rule and cell is not reported again for this long."""
+    retrain_validation_share: float = Field(default=1.0, gt=0, le=1)
+    """With `training.window`: the share of the window's newest day that a retrain a rule started
+    holds out for validation (a hash of the example id); its teacher and student train on the rest.
+    That newest day is the day the rule tripped on, so below 1 the retrain learns what changed
+    instead of only fitting its calibration map to it. A scheduled or manual run keeps
+    `training.window_validation`. See docs/monitoring.md."""

@@ -1250,6 +1250,10 @@ class PlatformConfig(Strict):
                 if need not in have:
                     out.append(("training.split.kind", "source", f"no source has 'split: {need}'; "
                                 "add one, or use another split kind"))
+        share = self.monitoring.retrain_validation_share
+        if share < 1 and self.training.window is None:
+            out.append(("monitoring.retrain_validation_share", share, "holds out a share of a window's newest day, and "
+                        "training.window is unset: set training.window (e.g. '14d') or remove retrain_validation_share"))
         t, st = self.models.teacher, self.models.student
         bigger = [k for k in ("embedding_dim", "table_scale", "num_layers", "num_tokens", "fm_rank", "domain_fm") if getattr(st, k) > getattr(t, k)]
         if bigger or sum(st.head_dims) > sum(t.head_dims):

@@ -40,7 +40,8 @@ def distill(config: PlatformConfig, paths: Paths, nproc: int | None = None, epoc
             register: bool = True, progress: bool = True, end: str | None = None, data_end: str | None = None,
             warm_start: str | None = None) -> dict:
     """`end` / `data_end`: the interval end of a windowed run (training.window); default the
-    teacher's own window end (its lineage), so the student trains and is judged on the teacher's days.
+    teacher's own window end (its lineage), so the student trains and is judged on the teacher's days,
+    holding out the share of the newest day that the teacher held out.
     With training.warm_start (or `warm_start`, which overrides it) the student continues from the
     last student (or the champion)."""
     from lattice.evaluation.stages import evaluate
@@ -63,21 +64,24 @@ def distill(config: PlatformConfig, paths: Paths, nproc: int | None = None, epoc
 
     from lattice.training.lineage import read as read_lineage
 
-    teacher_window = (read_lineage(teacher_dir) or {}).get("window") or {}
-    end = end or data_end or teacher_window.get("end")
+    teacher_lineage = read_lineage(teacher_dir) or {}
+    end = end or data_end or (teacher_lineage.get("window") or {}).get("end")
+    # the student holds out what its teacher held out: a retrain a rule started trains both on
+    # the rest of the tripped day (monitoring.retrain_validation_share), and is judged alike
+    share = (teacher_lineage.get("splits") or {}).get("validation_share")
     t = time.perf_counter()
     scores = score(config, paths, "teacher", split="train", out=paths.teacher_scores / "teacher_train.parquet", progress=progress)
     lap("score_teacher", t)
     t = time.perf_counter()
     train(config, paths, "student", nproc=nproc, epochs=epochs, teacher_scores=scores, seed=seed, progress=progress, end=end,
-          warm_start=warm_start)
+          warm_start=warm_start, validation_share=share)
     lap("train_student", t)
     models = ["teacher", "student"]
     if compare_without_teacher:
         # the same small network on labels only: what the teacher's soft labels are worth
         t = time.perf_counter()
         train(config, paths, NO_TEACHER, nproc=nproc, epochs=epochs, seed=seed, progress=progress, end=end,
-              warm_start="none")
+              warm_start="none", validation_share=share)
         lap("train_student_without_teacher", t)
         models.append(NO_TEACHER)
     evaluate(config, paths, models)

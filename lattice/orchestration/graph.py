@@ -157,7 +157,8 @@ def _baselines(config: PlatformConfig) -> list[TaskSpec]:
 def _train_teacher(config: PlatformConfig) -> list[TaskSpec]:
     steps = [
         _model_task("train_teacher", "train", "Sharded teacher training under torchrun on the training set.",
-                    forward={**TRAINING, "warm_start": "warm_start"}, fixed={"model": "teacher"}, replaces_model="teacher",
+                    forward={**TRAINING, "warm_start": "warm_start", "validation_share": "validation_share"},
+                    fixed={"model": "teacher"}, replaces_model="teacher",
                     config_sets=FP8_SET,
                     reads=("training_set", "hashing", "trees"), writes=("model:teacher",)),
         _model_task("evaluate_teacher", "evaluate", "NE, AUC and calibration per (domain, objective) cell.",

@@ -189,6 +189,32 @@ def _warm_start(config: PlatformConfig, parent: str) -> ParamSpec:
                      {"type": ["null", "string"], "enum": [None, "none", "last", "champion"]})
 
 
+def _validation_share(config: PlatformConfig) -> ParamSpec:
+    return ParamSpec("validation_share", None, "Held-out share of the newest day",
+                     "With training.window: the share of the window's newest day held out for validation (the rest "
+                     f"trains). Empty: training.window_validation ({config.training.window_validation}), or "
+                     f"monitoring.retrain_validation_share ({config.monitoring.retrain_validation_share}) when a "
+                     "monitoring rule started the run.",
+                     {"type": ["null", "number"], "exclusiveMinimum": 0, "maximum": 1})
+
+
+def asset_name(config: PlatformConfig, kind: AssetKind) -> str:
+    """The name of a config's asset (dags/lattice_dags.assets_for): by config, not by folder."""
+    return f"lattice.{config.name}.{kind}"
+
+
+def rule_started(config: PlatformConfig, family: Family, params: dict[str, Any], triggered_by: list[str]) -> dict[str, Any]:
+    """A teacher run that the retrain asset started (a monitoring rule tripped) holds out
+    `monitoring.retrain_validation_share` of its window's newest day, the day the rule tripped on,
+    unless its form set a share: the retrain then trains on what changed. `triggered_by`: the
+    names of the assets whose events started the run."""
+    if family != "train_teacher" or params.get("validation_share") is not None:
+        return params
+    if asset_name(config, "retrain") not in triggered_by:
+        return params
+    return {**params, "validation_share": config.monitoring.retrain_validation_share}
+
+
 def _features_params(config: PlatformConfig) -> list[ParamSpec]:
     tr = config.time_range
     params = [
@@ -290,7 +316,8 @@ def dag_specs(config: PlatformConfig) -> list[DagSpec]:
         "features": ("Consolidate, validate and publish the features of every domain", _features_params(config)),
         "train_teacher": ("Train the multi-domain multi-objective teacher and register it",
                           [_domains(config), _objectives(config), *_training(config, "teacher"),
-                           _warm_start(config, "the last teacher or the latest registered one")]),
+                           _warm_start(config, "the last teacher or the latest registered one"),
+                           _validation_share(config)]),
         "distill": ("Distill the teacher into the small student and register it as challenger",
                     [_domains(config), _objectives(config), *_training(config, "student"),
                      _warm_start(config, "the last student or the champion")]),

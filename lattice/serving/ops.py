@@ -35,6 +35,7 @@ class ServingOps:
         self._passthrough = S.passthrough_columns(config)
         self._entity_keys = [f.column for f in config.entity_features]
         self._dense = S.dense_columns(config)
+        self._domains = config.domain_names
         self._reported: dict[str, int] = {}  # drops already added to the Prometheus counter, by reason
         self._failed_once: set[str] = set()
         self._version: int | None = None
@@ -90,7 +91,7 @@ class ServingOps:
         try:
             m = self.metrics
             self.model_version(version)
-            m.observe_predictions(cols.domain, probs)
+            m.observe_predictions(cols.domain, probs, self._domains)
             if store_errors:
                 m.store_errors.inc(store_errors)
             elif any(unknown):  # with the store unreadable, "unknown" says nothing about the entity

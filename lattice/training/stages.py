@@ -51,7 +51,8 @@ def train(config: PlatformConfig, paths: Paths, model: str = "teacher", nproc: i
           teacher_scores: str | Path | None = None, seed: int | None = None, resume: bool = False,
           checkpoint_every: int | None = None, stop_after: int | None = None, progress: bool = True,
           validation_only: bool = False, node_rank: int | None = None, resume_hint: str | None = None,
-          end: str | None = None, data_end: str | None = None, warm_start: str | None = None) -> dict:
+          end: str | None = None, data_end: str | None = None, warm_start: str | None = None,
+          validation_share: float | None = None) -> dict:
     """Train one model (teacher | student | separate | pooled | mmoe | shared_bottom | gbdt |
     gbdt_cell, optionally 'kind@tag'). `teacher_scores`: parquet of example_id + p_<objective>
     (distillation). The LightGBM baselines go to lattice.training.gbdt_stage before any torch
@@ -65,7 +66,10 @@ def train(config: PlatformConfig, paths: Paths, model: str = "teacher", nproc: i
     A rank that dies raises `launch.RankFailed`, naming the rank, its node and that command.
     `end` (alias `data_end`: Airflow's data_interval_end): the run's interval end, exclusive, as
     YYYY-MM-DD; with `training.window` the window ends there (default: the table's latest day + 1).
-    `warm_start`: none | last | champion, overriding `training.warm_start` (lattice.training.warm_start)."""
+    `warm_start`: none | last | champion, overriding `training.warm_start` (lattice.training.warm_start).
+    `validation_share`: the share of the window's newest day held out for validation, overriding
+    `training.window_validation` (a retrain a monitoring rule started passes
+    `monitoring.retrain_validation_share`); recorded in the lineage's splits."""
     if kind_of(model) in GBDT_KINDS:
         if validation_only:
             raise ValueError(f"{model!r} is a LightGBM baseline: validation_only (lattice tune) covers the deep models")
@@ -92,8 +96,13 @@ def train(config: PlatformConfig, paths: Paths, model: str = "teacher", nproc: i
         logging.getLogger(__name__).info("warm start %s: no parent model yet; %s trains from scratch", mode, model)
     if not resume:
         (out / "warm_maps.pt").unlink(missing_ok=True)  # a previous warm start's refit, never this run's
+    if validation_share is not None and not 0 < validation_share <= 1:
+        raise ValueError(f"validation_share {validation_share}: give a share in (0, 1] of the window's newest day")
+    if validation_share is not None and validation_share < 1 and window is None:
+        raise ValueError(f"validation_share {validation_share} holds out a share of a window's newest day, and "
+                         "training.window is unset: set training.window (e.g. '14d') or leave validation_share out")
     days = window.splits(parent.days_seen if parent else (), config.training.replay if parent else 0.0,
-                         config.training.window_validation,
+                         config.training.window_validation if validation_share is None else validation_share,
                          rotate_replay=config.training.replay_rows == "rotating") if window else None
     if days is not None and parent is not None:
         _add_matured_days(config, days, window, parent)

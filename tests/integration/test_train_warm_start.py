@@ -217,3 +217,34 @@ def test_the_student_is_distilled_warm_from_the_last_student_on_the_teachers_day
     moved = [k for k in first_sum if torch.is_tensor(first_sum[k]) and first_sum[k].dtype.is_floating_point
              and not torch.equal(first_sum[k], after[k])]
     assert moved  # it trained on: weights continued, not copied
+
+
+def test_a_rule_started_retrain_trains_teacher_and_student_on_the_rest_of_the_tripped_day(setup) -> None:
+    """monitoring.retrain_validation_share: a retrain a rule started holds out only a share of its
+    window's newest day (the day the rule tripped on); the teacher trains on the rest of it, and
+    the student, distilled after it, holds out the same rows (its teacher's lineage)."""
+    from lattice.data.split import hash_fraction
+    from lattice.distill.stages import distill
+
+    cfg, paths = setup
+    warm = cfg.model_copy(update={"training": cfg.training.model_copy(update={"warm_start": "last"})})
+    train(cfg, paths, model="teacher", nproc=1, end=END_A, progress=False)
+    distill(cfg, paths, nproc=1, export=False, register=False, progress=False)
+    t = train(warm, paths, model="teacher", nproc=1, end=END_B, progress=False, validation_share=0.5)
+    distill(warm, paths, nproc=1, export=False, register=False, progress=False)
+    table = pd.read_parquet(paths.consolidated, columns=["example_id", "date"])
+    table["date"] = table["date"].astype(str)
+    day4 = table[table.date == "2026-01-04"].example_id.tolist()
+    trained4 = int((hash_fraction(day4) >= 0.5).sum())
+    assert 0 < trained4 < len(day4)
+    # the new day 3 whole and the rest of day 4, the tripped day, which the config alone holds out whole
+    assert t["lineage"]["trained_days"] == ["2026-01-03", "2026-01-04"]
+    assert t["history"][0]["examples"] == int((table.date == "2026-01-03").sum()) + trained4
+    for name in ("teacher", "student"):
+        lin = json.loads((paths.model_dir(name) / "lineage.json").read_text())
+        assert lin["splits"]["validation_share"] == 0.5 and lin["judged_on"] == END_B, name
+        assert lin["trained_days"] == ["2026-01-03", "2026-01-04"], name
+    student = json.loads((paths.model_dir("student") / "history.json").read_text())
+    assert student["epochs"][0]["examples"] == t["history"][0]["examples"]  # the same rows as its teacher
+    with pytest.raises(ValueError, match=r"validation_share 1.5: give a share in \(0, 1\]"):
+        train(warm, paths, model="teacher@bad", nproc=1, end=END_B, progress=False, validation_share=1.5)

@@ -106,6 +106,39 @@ def test_changed_params_reach_the_stage_or_fail_loudly() -> None:
     assert "domains" not in stage_kwargs(no_domains, consolidate, defaults(features), features.params)
 
 
+def test_a_run_the_retrain_asset_started_holds_out_the_configs_retrain_share() -> None:
+    """monitoring.retrain_validation_share reaches the teacher's train stage only in a run a
+    monitoring rule started (the retrain asset among its triggers), and never over the form."""
+    from lattice.config.loader import ConfigError, parse_config
+    from lattice.orchestration.spec import rule_started
+
+    data = yaml.safe_load((ROOT / "configs" / "demo.yaml").read_text())
+    data["training"]["window"] = "7d"
+    data["monitoring"] = {"rules": [{"kind": "calibration", "low": 0.9, "high": 1.1}], "retrain_validation_share": 0.5}
+    cfg = parse_config(data)
+    specs = {s.family: s for s in dag_specs(cfg)}
+    teacher = specs["train_teacher"]
+    train = next(t for t in teacher.tasks if t.stage == "train")
+    form = defaults(teacher)
+    assert form["validation_share"] is None and _schema_ok(teacher, "validation_share", 0.5)
+    assert not _schema_ok(teacher, "validation_share", 0) and not _schema_ok(teacher, "validation_share", 1.5)
+    retrain, features = f"lattice.{cfg.name}.retrain", f"lattice.{cfg.name}.features"
+
+    def stage(config, paths, model, validation_share=None, **rest):
+        return {}
+
+    started = rule_started(cfg, "train_teacher", form, [features, retrain])
+    assert stage_kwargs(stage, train, started, teacher.params)["validation_share"] == 0.5
+    # new features alone, another family, or a share set on the form: the config's window_validation / the form
+    assert "validation_share" not in stage_kwargs(stage, train, rule_started(cfg, "train_teacher", form, [features]),
+                                                  teacher.params)
+    assert rule_started(cfg, "distill", form, [retrain]) == form
+    assert rule_started(cfg, "train_teacher", {**form, "validation_share": 0.8}, [retrain])["validation_share"] == 0.8
+    data["training"]["window"] = None
+    with pytest.raises(ConfigError, match="monitoring.retrain_validation_share"):
+        parse_config(data)
+
+
 def test_a_subset_of_domains_and_objectives_narrows_the_config() -> None:
     from lattice.orchestration.narrow import SubsetError, narrow_config
 

@@ -414,3 +414,26 @@ def test_serving_writes_the_configured_codec(config, tmp_path):
         assert ops.writer.compression == "zstd"
     finally:
         ops.close()
+
+
+def test_per_cell_counts_and_sums_of_a_batch_match_its_rows() -> None:
+    """One scored batch's per-cell prediction count and probability sum, grouped by comparing with
+    the config's domains; a domain outside them is still counted (the batch's own grouping), and a
+    domain with no row in the batch gets no series."""
+    from lattice.serving.metrics import ServingMetrics
+
+    m = ServingMetrics(None)
+    domains = np.array(["feed", "search", "feed", "feed", "other"], dtype=str)
+    probs = {"click": np.array([0.1, 0.2, 0.3, 0.4, 0.5]), "conversion": np.array([0.01, 0.02, 0.03, 0.04, 0.05])}
+    for known in (["feed", "search", "video"], None):
+        m.observe_predictions(domains, probs, known)
+    m.observe_predictions(domains[:1], {o: p[:1] for o, p in probs.items()}, ["feed", "search", "video"])  # one row
+    samples = {(s.name, s.labels["domain"], s.labels["objective"]): s.value
+               for f in text_string_to_metric_families(m.exposition()[0].decode())
+               for s in f.samples if s.name in ("lattice_predictions_total", "lattice_prediction_probability_sum_total")}
+    count, total = "lattice_predictions_total", "lattice_prediction_probability_sum_total"
+    assert samples[(count, "feed", "click")] == 7 and samples[(count, "search", "conversion")] == 2
+    assert samples[(count, "other", "click")] == 2
+    assert samples[(total, "feed", "click")] == pytest.approx(2 * 0.8 + 0.1)
+    assert samples[(total, "other", "conversion")] == pytest.approx(0.1)
+    assert not any(d == "video" for _, d, _ in samples)
