@@ -28,6 +28,7 @@ class LeafArch(nn.Module):
         super().__init__()
         trees = spec["trees"]
         self.keys: List[str] = [leaf_key(o) for o in sorted(trees)]
+        self.lookups: int = sum(int(t) for t in trees.values())  # ids a row reads (one per tree): its cost
         rows = {leaf_key(o): max(1, int(t) * int(spec["num_leaves"])) for o, t in trees.items()}
         self.ebc = EmbeddingBagCollection(
             tables=[EmbeddingBagConfig(name=f"t_{k}", embedding_dim=dim, num_embeddings=rows[k], feature_names=[k],
@@ -55,6 +56,7 @@ class LeafMargin(nn.Module):
     def __init__(self, spec: dict):
         super().__init__()
         self.objectives: List[str] = sorted(spec["trees"])
+        self.lookups: int = sum(int(t) for t in spec["trees"].values())  # one leaf value per tree and row
         tables = [torch.as_tensor(spec["values"][o], dtype=torch.float32) for o in self.objectives]
         self.n_keys = len(tables)
         rows = torch.tensor([int(t.numel()) for t in tables], dtype=torch.int64)

@@ -375,3 +375,26 @@ def test_a_student_saved_before_the_margin_existed_rebuilds_without_it(tmp_path)
     del old["models"]["leaves"]["margin"]
     assert blob_config({"config": old}).models.leaves.margin == []
     assert PlatformConfig.model_validate(old).models.leaves.margin == ["student"]  # a new config: the default
+
+
+def test_the_cost_counts_one_lookup_per_tree(tmp_path) -> None:
+    """model_cost: a forest of T trees reads T leaf rows a row (T x d for the leaf tokens, T for
+    the frozen margin), not one lookup per forest as a feature's table does."""
+    from lattice.models.build import build_model
+    from lattice.models.cost import model_cost
+
+    cfg = _config(tmp_path)
+    spec = {"trees": {"click": 10, "conversion": 5}, "num_leaves": 7,
+            "values": {"click": [0.0] * 70, "conversion": [0.0] * 35}}
+    plain = model_cost(build_model(cfg, "teacher", 6), cfg, 6)
+    on = _leaves_on(cfg, ["teacher"])
+    tokens = model_cost(build_model(on, "teacher", 6, leaves=spec), on, 6)
+    dim = build_model(on, "teacher", 6, leaves=spec).leaves.ebc.embedding_bag_configs()[0].embedding_dim
+    assert plain["leaf_lookup_flops_per_example"] == 0
+    assert tokens["leaf_lookup_flops_per_example"] == 15 * dim
+    # the features' lookups are what they were: the forests' table is not counted as one more feature
+    assert (tokens["flops_per_example"] - tokens["dense_flops_per_example"] - 15 * dim
+            == plain["flops_per_example"] - plain["dense_flops_per_example"])
+    margin = _leaves_on(cfg, ["teacher"], margin=True)
+    both = model_cost(build_model(margin, "teacher", 6, leaves=spec), margin, 6)
+    assert both["leaf_lookup_flops_per_example"] == 15 * dim + 15
