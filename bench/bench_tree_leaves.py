@@ -150,10 +150,12 @@ def shipped(name: str, workdir: Path, reuse: bool, demo_rows: int, overrides: li
 # ---------------------------------------------------------------- models
 
 
-def with_leaves(config, models: list[str], num_trees: int, num_leaves: int, margin: tuple[str, ...] = ()):
+def with_leaves(config, models: list[str], num_trees: int, num_leaves: int, margin: tuple[str, ...] = (),
+                pooling: str | None = None):
     m = config.models
+    pool = ({"pooling": {"teacher": pooling.split(",")[0], "student": pooling.split(",")[-1]}} if pooling else {})
     leaves = m.leaves.model_copy(update={"models": models, "num_trees": num_trees, "num_leaves": num_leaves,
-                                         "margin": list(margin)})
+                                         "margin": list(margin), **pool})
     return config.model_copy(update={"models": m.model_copy(update={"leaves": leaves})})
 
 
@@ -286,10 +288,12 @@ def run_dataset(name: str, args) -> dict:
     m = config.models
     trees = m.baselines.trees.model_copy(update={"num_threads": args.tree_threads})
     config = config.model_copy(update={"models": m.model_copy(update={"baselines": m.baselines.model_copy(update={"trees": trees})})})
-    on = with_leaves(config, ["teacher", "student"], args.num_trees, args.num_leaves)
-    margin = with_leaves(config, ["teacher", "student"], args.num_trees, args.num_leaves, margin=("teacher", "student"))
+    on = with_leaves(config, ["teacher", "student"], args.num_trees, args.num_leaves, pooling=args.pooling)
+    margin = with_leaves(config, ["teacher", "student"], args.num_trees, args.num_leaves, margin=("teacher", "student"),
+                         pooling=args.pooling)
     # the student alone on the margin, distilled from the teacher with leaves (no margin)
-    student_margin = with_leaves(config, ["teacher", "student"], args.num_trees, args.num_leaves, margin=("student",))
+    student_margin = with_leaves(config, ["teacher", "student"], args.num_trees, args.num_leaves, margin=("student",),
+                                 pooling=args.pooling)
     t = time.perf_counter()
     manifest = fit_trees(on, paths)
     print(f"[{name}] trees fit {time.perf_counter() - t:.0f}s: " + ", ".join(
@@ -349,6 +353,8 @@ def main() -> None:
                    help="bank: time order (the issue's choice) or a seeded hash of the row (no drift, a contrast)")
     p.add_argument("--num-trees", type=int, default=50)
     p.add_argument("--num-leaves", type=int, default=15, help="models.leaves.num_leaves (its default: 15)")
+    p.add_argument("--pooling", default=None, metavar="TEACHER[,STUDENT]",
+                   help="models.leaves.pooling: mean or sum, for both networks or teacher,student (default: the config's)")
     p.add_argument("--student", action="store_true", help="also the students distilled from each teacher")
     p.add_argument("--margin", action="store_true", help="also the teacher (and student) with models.leaves.margin")
     p.add_argument("--no-plain", action="store_true", help="skip the teacher (and student) without leaves")

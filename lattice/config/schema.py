@@ -485,8 +485,8 @@ class Baselines(Strict):
 class TreeLeaves(Strict):
     """Leaf features (He et al. 2014): a LightGBM fitted on the train split turns each row into
     one leaf id per tree, and the ids of each objective's forest enter the teacher or the student
-    as one more sparse feature (one token per objective: a SUM-pooled bag of one id per tree, in a
-    table of `num_trees * num_leaves` rows). Off by default. `lattice trees fit` fits the trees (one
+    as one more sparse feature (one token per objective: a pooled bag of one id per tree, in a
+    table of `num_trees * num_leaves` rows; `pooling`). Off by default. `lattice trees fit` fits the trees (one
     booster per objective, `num_trees` and `num_leaves` here, the other LightGBM settings of
     `baselines.trees`); a model listed here refuses to train without that fit, and carries it in
     its model.pt (boosters, encodings, fit identity) and lineage; its export carries the fit as
@@ -503,6 +503,27 @@ class TreeLeaves(Strict):
     `gbdt` baseline's size) against 31 on Bank Marketing, 3 seeds: teacher test NE 0.8242 against
     0.8286 on a random split, level on the time-ordered one; on Taobao buy it cost the teacher
     less (docs/bench/tree-leaves.md)."""
+    pooling: dict[Literal["teacher", "student"], Literal["mean", "sum"]] = Field(
+        default_factory=lambda: {"teacher": "mean", "student": "mean"})
+    """How each network pools a forest's leaf rows (one per tree) into its token: `mean` keeps the
+    token on the scale of one feature's embedding; `sum` (the booster's additive form) makes it up
+    to `num_trees` times larger and, under the sparse optimizer's per-row steps, moves it that
+    much faster. One word (`pooling: mean`) sets both. Default: `mean` for both. For the teacher,
+    chosen on the demo (sum cost it NE on both objectives) and Bank Marketing (level), confirmed
+    on Taobao and Criteo (sum's cost there gone). For the student, Bank preferred `sum` (it kept
+    101% of its teacher's gain over separate models against 89%) and Taobao `mean` (buy 83%
+    against 0%): `mean`, for the better worst case (docs/bench/tree-leaves.md, "Pooling"). A
+    model saved before this key existed summed, and rebuilds so."""
+
+    @field_validator("pooling", mode="before")
+    @classmethod
+    def _one_word_for_both(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            return {"teacher": v, "student": v}
+        if isinstance(v, dict):
+            return {"teacher": "mean", "student": "mean", **v}
+        return v
+
     margin: list[Literal["teacher", "student"]] = Field(default_factory=lambda: ["student"])
     """Of the networks in `models` (others are ignored), those whose logits also start at the
     boosters' raw score: the sum of a row's leaf values, kept frozen in the model and the
@@ -510,7 +531,8 @@ class TreeLeaves(Strict):
     forest). Not for an objective
     chained by `given` (its head is conditional, the booster is not). Default: the student only.
     Chosen on Bank Marketing (random split, 2 seeds): the student with it keeps 96% of its
-    teacher's gain over separate models (68% without); confirmed on Taobao and Criteo (seed 0),
+    teacher's gain over separate models (68% without; with the tokens pooled by mean, 89% against
+    1%); confirmed on Taobao and Criteo (seed 0),
     where it is as good or better than the student without it. The teacher stays off: on Taobao
     the teacher with it stays at the trees' level, beyond noise behind the one without
     (docs/bench/tree-leaves.md)."""

@@ -27,7 +27,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from lattice.export.fp8_serving import SERVING_TYPES, serving_form
 from lattice.models.gemm import GemmSite
-from lattice.models.leaves import stacked_bags
+from lattice.models.leaves import BAG_MODE, stacked_bags
 from lattice.hashing.single import IdentityRemap, ModuloRemap
 from lattice.hashing.zch import ZCHRemap
 from lattice.models.remap import KJTRemap
@@ -119,12 +119,13 @@ class FusedLeaves(nn.Module):
         self.keys: List[str] = list(arch.keys)
         weights = [arch.ebc.embedding_bags[f"t_{k}"].weight.detach() for k in arch.keys]
         self.n_keys = len(weights)
+        self.mode: int = BAG_MODE[arch.pooling]
         self.weight = nn.Parameter(torch.cat(weights), requires_grad=False)
         rows = torch.tensor([int(w.shape[0]) for w in weights], dtype=torch.int64)
         self.register_buffer("starts", torch.cumsum(rows, 0) - rows)
 
     def forward(self, kjt: KeyedJaggedTensor) -> torch.Tensor:
-        return stacked_bags(self.weight, self.starts, self.n_keys, kjt)  # (B, O, D)
+        return stacked_bags(self.weight, self.starts, self.n_keys, kjt, self.mode)  # (B, O, D)
 
 
 def fuse_sparse(module: nn.Module) -> None:

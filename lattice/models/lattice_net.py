@@ -62,7 +62,7 @@ class DenseArch(nn.Module):
 class LatticeNet(nn.Module):
     def __init__(self, config: PlatformConfig, size: ModelSize, n_dense: int, objectives: list[str] | None = None,
                  domain_token: bool | None = None, domain_untied: bool | None = None, fitted: dict | None = None,
-                 leaves: dict | None = None, margin: bool = False):
+                 leaves: dict | None = None, margin: bool = False, leaf_pooling: str = "mean"):
         super().__init__()
         self.objectives = list(objectives or config.objective_names)
         d = size.embedding_dim
@@ -72,7 +72,7 @@ class LatticeNet(nn.Module):
         use_domain = size.domain_token if domain_token is None else domain_token
         self.domain = nn.Embedding(n_domains, d) if use_domain else None
         # leaves: LeafForest.spec() of the tree fit whose leaf ids this model reads (lattice.models.leaves)
-        self.leaves = LeafArch(leaves, d) if leaves else None
+        self.leaves = LeafArch(leaves, d, leaf_pooling) if leaves else None
         # margin (models.leaves.margin): each unchained objective's logit starts at its booster's raw score
         # (frozen) and the heads learn the residual; a chained head is conditional, the booster is not
         given = {o.name for o in config.objectives if o.given}

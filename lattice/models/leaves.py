@@ -1,7 +1,9 @@
 """Leaf arch (issue 38): the fitted trees' leaf ids (lattice.trees.leaves) -> one token per
 objective's forest. Its own EmbeddingBagCollection (the planner shards and the sparse optimizer
-updates it like any table), one table per forest of `trees * num_leaves` rows, SUM-pooled over the
-forest's trees: the bag's sum is the additive form of the booster."""
+updates it like any table), one table per forest of `trees * num_leaves` rows, pooled over the
+forest's trees by `models.leaves.pooling`: MEAN by default, so the token is on the scale of one
+feature's embedding (a SUM over 50 trees is up to 50 times larger, and on the demo it swamped the
+interaction layers); SUM, the booster's additive form, for models saved before the key."""
 
 from __future__ import annotations
 
@@ -14,6 +16,8 @@ from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, PoolingType
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 KEY_PREFIX = "leaves_"
+POOLING = {"mean": PoolingType.MEAN, "sum": PoolingType.SUM}
+BAG_MODE = {"mean": 1, "sum": 0}  # aten embedding_bag's mode of each pooling
 
 
 def leaf_key(objective: str) -> str:
@@ -22,17 +26,19 @@ def leaf_key(objective: str) -> str:
 
 
 class LeafArch(nn.Module):
-    """KJT of the forests' keys -> (B, O, D) tokens. `spec`: LeafForest.spec()."""
+    """KJT of the forests' keys -> (B, O, D) tokens. `spec`: LeafForest.spec(); `pooling`:
+    models.leaves.pooling."""
 
-    def __init__(self, spec: dict, dim: int):
+    def __init__(self, spec: dict, dim: int, pooling: str = "mean"):
         super().__init__()
         trees = spec["trees"]
+        self.pooling = pooling
         self.keys: List[str] = [leaf_key(o) for o in sorted(trees)]
         self.lookups: int = sum(int(t) for t in trees.values())  # ids a row reads (one per tree): its cost
         rows = {leaf_key(o): max(1, int(t) * int(spec["num_leaves"])) for o, t in trees.items()}
         self.ebc = EmbeddingBagCollection(
             tables=[EmbeddingBagConfig(name=f"t_{k}", embedding_dim=dim, num_embeddings=rows[k], feature_names=[k],
-                                       pooling=PoolingType.SUM) for k in self.keys],
+                                       pooling=POOLING[pooling]) for k in self.keys],
             device=torch.device("cpu"),
         )
 
@@ -67,16 +73,17 @@ class LeafMargin(nn.Module):
         return stacked_bags(self.values, self.starts, self.n_keys, kjt).squeeze(2)  # (B, O)
 
 
-def stacked_bags(table: torch.Tensor, starts: torch.Tensor, n_keys: int, kjt: KeyedJaggedTensor) -> torch.Tensor:
-    """Sum-pool a KJT of `n_keys` keys over one table that stacks the keys' tables (key k's rows
+def stacked_bags(table: torch.Tensor, starts: torch.Tensor, n_keys: int, kjt: KeyedJaggedTensor,
+                 mode: int = 0) -> torch.Tensor:
+    """Pool a KJT of `n_keys` keys over one table that stacks the keys' tables (key k's rows
     begin at `starts[k]`): each id shifted to its key's first row, one `embedding_bag` over the
-    n_keys x B bags. Returns (B, n_keys, D). One call, not one per key: at batch 1 the per-key
-    calls cost more than the lookups."""
+    n_keys x B bags. `mode`: aten's, 0 sum, 1 mean. Returns (B, n_keys, D). One call, not one
+    per key: at batch 1 the per-key calls cost more than the lookups."""
     values, lengths = kjt.values(), kjt.lengths()
     per_key = lengths.view(n_keys, -1).sum(1)  # ids of each key
     ids = values + torch.repeat_interleave(starts, per_key)
     offsets = torch.cat([torch.zeros(1, dtype=lengths.dtype), torch.cumsum(lengths, 0)])
-    pooled = torch.embedding_bag(table, ids, offsets, False, 0, False, None, True)[0]  # (n_keys*B, D)
+    pooled = torch.embedding_bag(table, ids, offsets, False, mode, False, None, True)[0]  # (n_keys*B, D)
     return pooled.view(n_keys, -1, pooled.shape[1]).transpose(0, 1)
 
 

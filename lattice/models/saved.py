@@ -53,8 +53,9 @@ def blob_config(blob: dict) -> PlatformConfig:
     for size in (models.get("teacher"), models.get("student"), (models.get("baselines") or {}).get("size")):
         if isinstance(size, dict):
             size.setdefault("dense_tokens", DENSE_TOKENS)
-    if isinstance(models.get("leaves"), dict):  # saved before models.leaves.margin: trained without it
+    if isinstance(models.get("leaves"), dict):  # keys added since: the values its model was trained with
         models["leaves"].setdefault("margin", [])
+        models["leaves"].setdefault("pooling", "sum")  # saved before models.leaves.pooling: its tokens summed
     return PlatformConfig.model_validate(cfg)
 
 

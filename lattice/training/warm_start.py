@@ -171,6 +171,14 @@ def check_compatible(model: torch.nn.Module, blob: dict, config: PlatformConfig,
     if blob.get("kind") != kind:
         raise WarmStartError(f"warm start: the parent is a {blob.get('kind')!r} model, this run trains a {kind!r}; "
                              "warm-start from a model of the same kind (or training.warm_start: none)")
+    if getattr(model, "leaves", None) is not None:  # same tables, other tokens: the shapes cannot tell
+        from lattice.models.saved import blob_config
+
+        was, now = blob_config(blob).models.leaves.pooling[kind], config.models.leaves.pooling[kind]
+        if was != now:
+            raise WarmStartError(f"warm start refused: the parent {kind} pooled its leaf tokens by {was!r}, this config by "
+                                 f"{now!r} (models.leaves.pooling.{kind}). Fix: set models.leaves.pooling.{kind}: {was} to "
+                                 "warm-start, or train from scratch with training.warm_start: none")
     mine, theirs = model.state_dict(), blob["state_dict"]
     def fits(k: str, new: torch.Tensor) -> bool:
         old = tuple(theirs[k].shape)

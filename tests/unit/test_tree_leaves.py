@@ -398,3 +398,55 @@ def test_the_cost_counts_one_lookup_per_tree(tmp_path) -> None:
     margin = _leaves_on(cfg, ["teacher"], margin=True)
     both = model_cost(build_model(margin, "teacher", 6, leaves=spec), margin, 6)
     assert both["leaf_lookup_flops_per_example"] == 15 * dim + 15
+
+
+@pytest.mark.parametrize("pooling", ["mean", "sum"])
+def test_a_forests_token_pools_its_trees_leaf_rows_as_configured(tmp_path, pooling) -> None:
+    """models.leaves.pooling: the token is the mean (the default) or the sum of the rows of the
+    row's leaves, one per tree."""
+    import torch
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    from lattice.models.build import build_model
+
+    cfg = _leaves_on(_config(tmp_path), ["teacher"])
+    assert cfg.models.leaves.pooling == {"teacher": "mean", "student": "mean"}  # the default
+    raw = cfg.model_dump(mode="json")
+    raw["models"]["leaves"]["pooling"] = pooling  # one word sets both
+    cfg = PlatformConfig.model_validate(raw)
+    assert cfg.models.leaves.pooling == {"teacher": pooling, "student": pooling}
+    raw["models"]["leaves"]["pooling"] = {"student": "sum"}  # a network left out keeps the default
+    assert PlatformConfig.model_validate(raw).models.leaves.pooling == {"teacher": "mean", "student": "sum"}
+    arch = build_model(cfg, "teacher", 6, leaves={"trees": {"click": 4, "conversion": 3}, "num_leaves": 7}).leaves
+    ids = {"leaves_click": [2, 9, 16, 27], "leaves_conversion": [0, 13, 20]}  # one leaf per tree: t * 7 + leaf
+    kjt = KeyedJaggedTensor.from_lengths_sync(keys=arch.keys, values=torch.tensor(ids[arch.keys[0]] + ids[arch.keys[1]]),
+                                              lengths=torch.tensor([len(ids[arch.keys[0]]), len(ids[arch.keys[1]])]))
+    tokens = arch(kjt)  # (1, 2, D)
+    tables = arch.ebc.embedding_bags
+    for j, k in enumerate(arch.keys):
+        rows = tables[f"t_{k}"].weight[torch.tensor(ids[k])]
+        want = rows.mean(0) if pooling == "mean" else rows.sum(0)
+        torch.testing.assert_close(tokens[0, j], want)
+
+
+def test_a_model_saved_before_pooling_existed_rebuilds_summing_and_a_warm_start_across_it_is_refused(tmp_path) -> None:
+    """A model saved before models.leaves.pooling summed its leaf rows, and rebuilds so; a warm
+    start from it under a config that pools by mean is refused, naming the key and the fix (the
+    tables have the same shapes, so the weights alone would not tell)."""
+    from lattice.models.build import build_model
+    from lattice.models.saved import blob_config
+    from lattice.training.warm_start import WarmStartError, check_compatible
+
+    cfg = _leaves_on(_config(tmp_path), ["teacher"])
+    old = cfg.model_dump(mode="json")
+    del old["models"]["leaves"]["pooling"]
+    assert blob_config({"config": old}).models.leaves.pooling == {"teacher": "sum", "student": "sum"}
+    spec = {"trees": {"click": 4, "conversion": 3}, "num_leaves": 7}
+    parent = build_model(blob_config({"config": old}), "teacher", 6, leaves=spec)
+    blob = {"kind": "teacher", "config": old, "state_dict": parent.state_dict()}
+    child = build_model(cfg, "teacher", 6, leaves=spec)
+    with pytest.raises(WarmStartError, match=r"models.leaves.pooling.teacher: sum"):
+        check_compatible(child, blob, cfg, "teacher")
+    summing = cfg.model_copy(update={"models": cfg.models.model_copy(update={
+        "leaves": cfg.models.leaves.model_copy(update={"pooling": {"teacher": "sum", "student": "sum"}})})})
+    assert check_compatible(build_model(summing, "teacher", 6, leaves=spec), blob, summing, "teacher") == []
