@@ -494,6 +494,7 @@ class Serving:
 
         args, cfg = self.args, self.cfg
         date = str(day(cfg, k))
+        queued: int | None = None  # the day a retrain this day's trips start runs after
         if k == args.first - 2:  # the first window's champion (test day k)
             first_cfg = cfg
             if args.first_calibration:  # the first model's gate only: later gates keep the config's bounds
@@ -522,8 +523,10 @@ class Serving:
             cal = " ".join(f"{c}={v:.3f}" if v == v and v is not None else f"{c}=-" for c, v in sorted(rec["calibration"].items()))
             print(f"[{self.name}] {date} v{rec['scored']['version']}: {cal}; tripped {[t['cell'] for t in rec['tripped']]}"
                   f"{'; needs a person ' + str(rec['needs_person']) if rec['needs_person'] else ''}", flush=True)
-            if rec["tripped"] and self.retrain_on is None:
-                self.retrain_on = k + 1
+            if rec["tripped"] and self.retrain_on in (None, k):
+                # a trip on the day a retrain already runs after (one started by an earlier trip) is a
+                # new asset event: Airflow queues its run behind the running one (max one active run)
+                queued = k + 1
                 rec["retrain_started"] = True
         if self.retrain_on == k:
             # the retrain asset's chain: warm teacher on the days since the champion's, student, next-day gate on day k
@@ -536,6 +539,8 @@ class Serving:
             print(f"[{self.name}] retrain after {date}: trained {r['warm']['trained']}, gate "
                   f"{'promoted v' + str(self.version) if r['gate']['passed'] else 'rejected: ' + '; '.join(r['gate']['failed'])}",
                   flush=True)
+        if queued is not None:
+            self.retrain_on = queued
 
     def summarize(self) -> dict:
         cfg, args = self.cfg, self.args
