@@ -460,9 +460,9 @@ def _config_with(config, prefix: str, changes: dict) -> str:
 
 
 def _log_rows(wd: Path) -> int:
-    import pyarrow.parquet as pq
+    from lattice.monitoring.compact import count_rows
 
-    return sum(pq.ParquetFile(f).metadata.num_rows for f in (wd / "prediction_log").rglob("part-*.parquet"))
+    return count_rows(wd / "prediction_log")
 
 
 def _scoring_server(config, paths):
@@ -551,9 +551,29 @@ def ops_in_process(config, paths, reqs: list[dict], loops: int = 300) -> dict:
             ops.record(parsed, cols, probs, unknown, 0, 0, info.version)
             rec.append((time.perf_counter() - t) * 1e6)
         out[n]["record"] = float(np.median(rec))
+    out["cpu"] = _ops_cpu(server, ops, [PredictRequest.model_validate(r) for r in reqs])
     ops.close()
     out["log_rows"] = ops.writer.written
     return out
+
+
+def _ops_cpu(server, ops, parsed: list, rounds: int = 11) -> dict:
+    """The process's CPU time (every thread: the writer's table build and part writes
+    included, since each "on" block ends with `flush`) per prediction, all the requests as
+    256-row batches, "on" and "off" blocks alternated; medians of `rounds` blocks each, in
+    microseconds. CPU, not wall time: the writer's work on the other core counts."""
+    batches = [parsed[i:i + 256] for i in range(0, len(parsed), 256)]
+    got: dict[str, list[float]] = {"off": [], "on": []}
+    for k in range(rounds):
+        for mode in ("off", "on") if k % 2 == 0 else ("on", "off"):
+            o = ops if mode == "on" else None
+            t = time.process_time()
+            for b in batches:
+                server.score(b, o)
+            if o is not None:
+                o.writer.flush()
+            got[mode].append((time.process_time() - t) * 1e6 / len(parsed))
+    return {m: float(np.median(v)) for m, v in got.items()}
 
 
 def ops_bench(config, cfg_file: str, wd: Path, args, reqs: list[dict]) -> None:
@@ -605,6 +625,9 @@ def ops_bench(config, cfg_file: str, wd: Path, args, reqs: list[dict]) -> None:
         r = inproc[n]
         print(f"    {n:>3} request(s): {r['off']:8.0f} us -> {r['on']:8.0f} us   (x{r['on'] / r['off']:.3f});  "
               f"recording alone {r['record']:.0f} us ({r['record'] / r['off']:.1%} of scoring)")
+    c = inproc["cpu"]
+    print(f"    process CPU per batched prediction, the writer's parts included: {c['off']:.2f} us -> {c['on']:.2f} us "
+          f"(+{c['on'] - c['off']:.2f} us, x{c['on'] / c['off']:.3f}; blocks of {len(reqs):,} alternated, medians)")
 
 
 def main() -> None:

@@ -19,6 +19,7 @@ import pyarrow.dataset as ds
 
 from lattice.config import PlatformConfig
 from lattice.data import schema as S
+from lattice.monitoring.compact import log_dataset
 from lattice.monitoring.records import log_dir
 
 _SEP = "\x1f"  # joins several pass-through values into one key (a character no id holds)
@@ -37,7 +38,7 @@ def utc(t) -> pd.Timestamp:
 
 def read_log(workdir: Path, start: dt.datetime | None = None, end: dt.datetime | None = None) -> pd.DataFrame:
     """Log rows with `logged_at` in [start, end) (UTC; a naive time is read as UTC), every column."""
-    data = _dataset(log_dir(workdir))
+    data = log_dataset(log_dir(workdir))
     if data is None:
         return pd.DataFrame()
     flt = None

@@ -33,7 +33,8 @@ from lattice.monitoring import cells as C
 from lattice.monitoring import report as R
 from lattice.monitoring import rules as rules_mod
 from lattice.monitoring.join import join_labels, labels_known_at, read_labels, read_log, utc
-from lattice.monitoring.records import monitor_summary
+from lattice.monitoring.compact import compact
+from lattice.monitoring.records import log_dir, monitor_summary
 from lattice.paths import Paths
 
 log = logging.getLogger(__name__)
@@ -116,6 +117,11 @@ def monitor(config: PlatformConfig, paths: Paths, start: str | dt.datetime | Non
     out_dir.mkdir(parents=True, exist_ok=True)
     mon = config.monitoring
 
+    # serving's Arrow parts -> parquet, here off the serving cores (a no-op for parquet parts)
+    compacted = compact(log_dir(paths.workdir), mon.prediction_log.compression)
+    if compacted["parts"]:
+        log.info("monitor: compacted %d Arrow part(s), %d row(s), into parquet in %d hour folder(s)",
+                 compacted["parts"], compacted["rows"], compacted["folders"])
     logged = read_log(paths.workdir, start, end)
     # labels count as known at the run's end (a past day re-monitored sees what was known then)
     as_of = pd.Timestamp(end) if end is not None else pd.Timestamp.now(tz="UTC")
@@ -147,6 +153,7 @@ def monitor(config: PlatformConfig, paths: Paths, start: str | dt.datetime | Non
         "stage": "monitor", "config": config.name, "period": period,
         "start": None if start is None else str(start), "end": None if end is None else str(end),
         "labels_as_of": str(utc(as_of)),
+        "compacted": compacted,
         "rows": {"logged": int(len(logged)), "joined": int(joined["joined"].sum()) if len(joined) else 0,
                  "pending": int((~joined["joined"]).sum()) if len(joined) else 0},
         "cells": _records(cells), "drift": _records(drift),

@@ -31,7 +31,8 @@ class ServingOps:
             schema = LogSchema(config, features=settings.features)
             self.writer = PredictionLogWriter(schema, log_dir(workdir), queue_records=settings.queue_records,
                                               flush_seconds=settings.flush_seconds, flush_records=settings.flush_records,
-                                              on_write=self._written, compression=settings.compression)
+                                              on_write=self._written, compression=settings.compression,
+                                              part_format=settings.part_format)
         self._passthrough = S.passthrough_columns(config)
         self._entity_keys = [f.column for f in config.entity_features]
         self._dense = S.dense_columns(config)

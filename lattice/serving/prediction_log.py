@@ -30,9 +30,10 @@ SPARE_CHUNKS = 2  # chunks allocated up front
 class PredictionLogWriter:
     def __init__(self, schema: LogSchema, root: Path, queue_records: int = 100_000, flush_seconds: float = 1.0,
                  flush_records: int = 5_000, on_write: Callable[[int, float], None] | None = None,
-                 compression: str = "lz4"):
+                 compression: str = "lz4", part_format: str = "parquet"):
         self.schema = schema
         self.compression = compression
+        self.part_format = part_format  # arrow: the monitor encodes the parquet (lattice.monitoring.compact)
         self.root = Path(root)
         self.queue_records = queue_records
         self.flush_seconds = flush_seconds
@@ -119,7 +120,12 @@ class PredictionLogWriter:
         import pyarrow.parquet as pq
 
         try:
-            pq.write_table(LogChunk(self.schema, 0).table(), io.BytesIO(), compression=self.compression)
+            empty = LogChunk(self.schema, 0).table()
+            if self.part_format == "arrow":
+                with pa.ipc.new_file(io.BytesIO(), empty.schema) as w:
+                    w.write_table(empty)
+            else:
+                pq.write_table(empty, io.BytesIO(), compression=self.compression)
         except Exception:  # noqa: BLE001 - only a warm-up; the real write reports its own errors
             pass
 
@@ -156,7 +162,7 @@ class PredictionLogWriter:
             self.last_error = f"{type(exc).__name__}: {exc}"
             return
         try:
-            write_partitioned(table, self.root, self.compression)
+            write_partitioned(table, self.root, self.compression, self.part_format)
         except OSError as exc:  # unwritable folder, full disk, a vanished mount
             self._drop("write_error", n)
             if self.last_error is None or not self.last_error.endswith(str(exc)):

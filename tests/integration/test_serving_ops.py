@@ -14,9 +14,10 @@ import sys
 import time
 from pathlib import Path
 
-import pyarrow.parquet as pq
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+
+from lattice.monitoring.compact import count_rows
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -99,7 +100,7 @@ def _send(port: int, n: int, workers: int = 1) -> int:
 
 
 def _log_rows(workdir: Path) -> int:
-    return sum(pq.ParquetFile(f).metadata.num_rows for f in (workdir / "prediction_log").rglob("part-*.parquet"))
+    return count_rows(workdir / "prediction_log")
 
 
 def test_two_workers_count_every_prediction_and_a_clean_stop_keeps_the_log(tmp_path):

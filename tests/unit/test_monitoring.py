@@ -28,7 +28,7 @@ def config():
 
 
 def _log(config, workdir: Path, ids: list[str], domain: str, p_click: list[float], when: float, version: int = 3,
-         price: list[float] | None = None, passthrough: dict | None = None, cfg_schema=None) -> None:
+         price: list[float] | None = None, passthrough: dict | None = None, cfg_schema=None, fmt: str = "parquet") -> None:
     schema = cfg_schema or LogSchema(config)
     n = len(ids)
     ones = (np.arange(n, dtype=np.int64), np.ones(n, bool))
@@ -37,7 +37,7 @@ def _log(config, workdir: Path, ids: list[str], domain: str, p_click: list[float
         entities={"user_id": ones, "ad_id": ones}, passthrough=passthrough or {},
         probabilities={"click": np.array(p_click), "conversion": np.full(n, 0.01)}, unknown=[[]] * n,
         store_error=False, sparse={}, dense={"price": np.array(price if price is not None else [1.0] * n)})
-    write_partitioned(table, log_dir(workdir))
+    write_partitioned(table, log_dir(workdir), fmt=fmt)
 
 
 def _examples(workdir: Path, rows: list[dict]) -> None:
@@ -56,7 +56,9 @@ def _ex(eid: str, click: int, mask: int = 1, split: str = "test", price: float =
 
 def test_label_join_gives_the_hand_computed_figures(config, tmp_path):
     p = [0.8, 0.2, 0.1, 0.5, 0.9, 0.3]
-    _log(config, tmp_path, ["e1", "e2", "e3", "e4", "e5", "e6"], "feed", p, DAY1)
+    # as serving writes them: Arrow parts, which the monitor compacts into parquet before it reads
+    _log(config, tmp_path, ["e1", "e2", "e3"], "feed", p[:3], DAY1, fmt="arrow")
+    _log(config, tmp_path, ["e4", "e5", "e6"], "feed", p[3:], DAY1, fmt="arrow")
     # e5's click window is still open (mask 0): not a negative; e6 has not arrived: pending
     _examples(tmp_path, [_ex("e1", 1), _ex("e2", 0), _ex("e3", 0), _ex("e4", 1), _ex("e5", 0, mask=0)])
     out = monitor(config, Paths(workdir=tmp_path, data_root=tmp_path), mlflow=False)
@@ -72,6 +74,8 @@ def test_label_join_gives_the_hand_computed_figures(config, tmp_path):
     assert click["label_rate"] == 0.5
     assert (click["domain"], click["model_version"], click["period"]) == ("feed", 3, "2026-01-05")
     assert out["rows"] == {"logged": 6, "joined": 5, "pending": 1}
+    assert out["compacted"] == {"folders": 1, "parts": 2, "rows": 6}
+    assert not list(log_dir(tmp_path).rglob("*.arrow")) and len(list(log_dir(tmp_path).rglob("compact-*.parquet"))) == 1
     assert (tmp_path / "monitoring" / "report.html").read_text().count("<img") == 1
     # video carries no conversion label: no (video, conversion) cell; feed carries both
     assert set(cells["objective"]) == {"click", "conversion"}

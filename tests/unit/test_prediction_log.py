@@ -17,6 +17,7 @@ from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from lattice.config import load_config
+from lattice.monitoring.compact import log_dataset
 from lattice.monitoring.records import LogSchema, log_dir
 from lattice.paths import Paths
 from lattice.serving.app import Server, create_app
@@ -98,10 +99,10 @@ def test_clean_stop_keeps_every_acknowledged_record(config, tmp_path):
         assert client.post("/predict", json=_req(0)).status_code == 200
         batch = {"requests": [_req(1, price=20.0), _req(2, "search", user=404, price=None)]}
         assert client.post("/predict", json=batch).status_code == 200
-        assert not list(log_dir(tmp_path).rglob("*.parquet"))  # nothing written yet
-    files = list(log_dir(tmp_path).rglob("part-*.parquet"))
+        assert not list(log_dir(tmp_path).rglob("part-*"))  # nothing written yet
+    files = list(log_dir(tmp_path).rglob("part-*.arrow"))  # serving's parts: Arrow, for the monitor to compact
     assert files and all(f.parent.name.startswith("hour=") for f in files)
-    t = ds.dataset(str(log_dir(tmp_path)), format="parquet", partitioning="hive").to_table().to_pandas()
+    t = log_dataset(log_dir(tmp_path)).to_table().to_pandas()
     t = t.sort_values("request_id").reset_index(drop=True)
     assert t["request_id"].tolist() == ["r0", "r1", "r2"]
     assert t["domain"].tolist() == ["feed", "feed", "search"]
@@ -133,7 +134,7 @@ def test_a_replay_logs_the_time_it_sends_and_a_live_server_refuses_it(config, tm
         for bad in ("yesterday", "nan", "inf"):
             r = client.post("/predict", json=_req(6), headers={"X-Lattice-Logged-At": bad})
             assert r.status_code == 400 and "ISO 8601" in r.json()["detail"], bad
-    t = ds.dataset(str(log_dir(tmp_path / "replay")), format="parquet", partitioning="hive").to_table().to_pandas()
+    t = log_dataset(log_dir(tmp_path / "replay")).to_table().to_pandas()
     at = dict(zip(t["request_id"], t["logged_at"]))
     assert sorted(at) == ["r1", "r2", "r3", "r4", "r5"]  # the refused request is not logged
     assert at["r1"] == pd.Timestamp("2026-01-12T12:00:00Z")
@@ -141,7 +142,7 @@ def test_a_replay_logs_the_time_it_sends_and_a_live_server_refuses_it(config, tm
     assert at["r4"] == pd.Timestamp("2026-01-01T00:00:00Z")
     assert at["r5"] > pd.Timestamp("2026-06-01T00:00:00Z")
     assert sorted(set(t["hour"])) == sorted({"2026-01-12T12", "2026-01-13T08", "2026-01-01T00", at["r5"].strftime("%Y-%m-%dT%H")})
-    assert not (tmp_path / "live" / "prediction_log").exists() or not list(log_dir(tmp_path / "live").rglob("*.parquet"))
+    assert not (tmp_path / "live" / "prediction_log").exists() or not list(log_dir(tmp_path / "live").rglob("part-*"))
 
 
 def test_unwritable_folder_counts_drops_and_still_answers(config, tmp_path):
@@ -195,7 +196,7 @@ def test_store_errors_are_not_unknown_entities(config, tmp_path):
         ops.writer.flush()
     assert _value(fam, "lattice_online_store_errors", "lattice_online_store_errors_total") == 4  # 2 rows x 2 keys
     assert "lattice_unknown_entities_total" not in {s.name for s in fam["lattice_unknown_entities"].samples}
-    t = ds.dataset(str(log_dir(tmp_path)), format="parquet", partitioning="hive").to_table().to_pandas()
+    t = log_dataset(log_dir(tmp_path)).to_table().to_pandas()
     assert t["store_error"].tolist() == [True, True]
 
 
@@ -207,7 +208,7 @@ def test_passthrough_keys_are_checked_and_logged(config, tmp_path):
         bad = client.post("/predict", json=dict(_req(1), passthrough={"row": 3}))
     assert ok.status_code == 200, ok.text
     assert bad.status_code == 422 and "impression_id" in bad.json()["detail"]
-    t = ds.dataset(str(log_dir(tmp_path)), format="parquet", partitioning="hive").to_table().to_pandas()
+    t = log_dataset(log_dir(tmp_path)).to_table().to_pandas()
     assert t["impression_id"].tolist() == ["imp-1"]
 
 
@@ -411,7 +412,7 @@ def test_serving_writes_the_configured_codec(config, tmp_path):
     cfg = config.model_copy(update={"monitoring": config.monitoring.model_copy(update={"prediction_log": log})})
     ops = ServingOps(cfg, tmp_path)
     try:
-        assert ops.writer.compression == "zstd"
+        assert ops.writer.compression == "zstd" and ops.writer.part_format == "arrow"
     finally:
         ops.close()
 
