@@ -38,16 +38,20 @@ def utc(t) -> pd.Timestamp:
 
 def read_log(workdir: Path, start: dt.datetime | None = None, end: dt.datetime | None = None) -> pd.DataFrame:
     """Log rows with `logged_at` in [start, end) (UTC; a naive time is read as UTC), every column."""
-    data = log_dataset(log_dir(workdir))
-    if data is None:
-        return pd.DataFrame()
     flt = None
     if start is not None:
         flt = ds.field("logged_at") >= utc(start)
     if end is not None:
         upper = ds.field("logged_at") < utc(end)
         flt = upper if flt is None else flt & upper
-    return data.to_table(filter=flt).to_pandas()
+    for attempt in range(3):
+        try:
+            data = log_dataset(log_dir(workdir))
+            return pd.DataFrame() if data is None else data.to_table(filter=flt).to_pandas()
+        except FileNotFoundError:  # a part compacted away (another monitor) after it was listed: list again
+            if attempt == 2:
+                raise
+    raise AssertionError("unreachable")
 
 
 def _key(frame: pd.DataFrame, passthrough: list[str], id_column: str) -> pd.Series:

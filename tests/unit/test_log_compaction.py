@@ -94,3 +94,21 @@ def test_an_empty_or_missing_log_reads_as_nothing(tmp_path):
     (tmp_path / "hour=2026-01-05T13").mkdir()
     (tmp_path / "hour=2026-01-05T13" / ".part-1.arrow.tmp").write_bytes(b"half a part")  # a write in progress
     assert log_dataset(tmp_path) is None and compact(tmp_path)["parts"] == 0
+
+
+def test_a_reader_whose_parts_are_compacted_away_meanwhile_lists_again(config, tmp_path, monkeypatch):
+    from lattice.monitoring import join
+
+    log = tmp_path / "prediction_log"
+    write_partitioned(_table(config, "a-", 8, HOUR_A), log, fmt="arrow")
+    listed = join.log_dataset(log)  # listed before another monitor's compaction deletes the part
+    compact(log)
+    calls = []
+
+    def stale_then_fresh(root):
+        calls.append(root)
+        return listed if len(calls) == 1 else log_dataset(root)
+
+    monkeypatch.setattr(join, "log_dataset", stale_then_fresh)
+    got = join.read_log(tmp_path)
+    assert len(calls) == 2 and sorted(got["request_id"]) == sorted(f"a-{i}" for i in range(8))
