@@ -361,6 +361,30 @@ def run_dataset(name: str, args) -> dict:
             "trees_cross_fit": crossfit}
 
 
+def compare_saved(name: str, args) -> dict:
+    """`--compare REF=M1,M2`: NE(Mi) - NE(REF) per objective with the paired interval, on the test
+    predictions the models left in the dataset's work folder (those of the last seed run)."""
+    from bench_peers import versus_lines
+
+    from lattice.evaluation.compare import paired_bootstrap
+    from lattice.paths import Paths
+
+    workdir = Path(args.workdir) / name
+    if name == "bank":  # the cut only names the split in the config; the table is the one on disk
+        config = bank_config(workdir, ("2009-01-01T00:00:00", "2010-01-01T00:00:00"))
+        paths = Paths.for_config(config, workdir)
+    else:
+        config, paths = shipped(name, workdir, True, args.demo_rows, args.set)
+    ref, others = args.compare.split("=", 1)
+    a = pd.read_parquet(paths.model_dir(ref) / "predictions.parquet")
+    pairs = {m: paired_bootstrap(config, a, pd.read_parquet(paths.model_dir(m) / "predictions.parquet"))["by_objective"]
+             for m in others.split(",")}
+    found = {"reference": ref, "pairs": pairs,
+             "met": {o: not any(v[o]["verdict"] == "B better" for v in pairs.values()) for o in config.objective_names}}
+    print(f"[{name}] " + versus_lines(found), flush=True)
+    return found
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--datasets", default="bank")
@@ -378,6 +402,9 @@ def main() -> None:
                    help="models.leaves.fit_share: each share below 1 also trains the teacher with leaves of trees fitted on "
                         "that share of the train rows (cross-fitting), against the reference teacher with leaves (share 1)")
     p.add_argument("--no-boosters", action="store_true", help="skip gbdt and LightGBM default")
+    p.add_argument("--compare", default=None, metavar="REF=M1,M2",
+                   help="only compare: NE(Mi) - NE(REF) with the paired interval on the test predictions the models "
+                        "(model dir names, e.g. teacher@leaves=teacher@xfit70,teacher) left in each dataset's work folder")
     p.add_argument("--student", action="store_true", help="also the students distilled from each teacher")
     p.add_argument("--margin", action="store_true", help="also the teacher (and student) with models.leaves.margin")
     p.add_argument("--no-plain", action="store_true", help="skip the teacher (and student) without leaves")
@@ -395,6 +422,10 @@ def main() -> None:
     args.fit_shares = [float(x) for x in args.fit_shares.split(",")]
     print(f"machine: {platform.machine()}, {os.cpu_count()} cpus, python {platform.python_version()}, "
           f"load avg {os.getloadavg()[0]:.1f}", flush=True)
+    if args.compare:
+        for name in args.datasets.split(","):
+            compare_saved(name, args)
+        return
     out = {name: run_dataset(name, args) for name in args.datasets.split(",")}
     dest = Path(args.out)
     dest.parent.mkdir(parents=True, exist_ok=True)
