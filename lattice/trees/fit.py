@@ -6,10 +6,10 @@ booster: LightGBM's binary boosters are single-output, and each objective is lab
 different rows (its mask).
 
 Cross-fitting (`models.leaves.fit_share` below 1): the boosters and their sparse encodings are
-fitted only on the train rows whose `fit_fraction` is below the share, a rule of the example id
-alone (no row order, no partitioning), and a network that reads the leaves gives exactly those
-rows an empty leaf bag while it trains (`fitted_rows`, applied by the training loader), so its
-leaf embeddings learn only from rows the trees never saw."""
+fitted only on the train rows whose `lattice.trees.leaves.fit_fraction` is below the share, a
+rule of the example id alone (no row order, no partitioning), and a network that reads the leaves
+gives exactly those rows an empty leaf bag while it trains (`LeafForest.empty_fitted`, applied by
+the training loader), so its leaf embeddings learn only from rows the trees never saw."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from lattice.models.gbdt import TreeFeatures, fit_booster, lgb_params
 from lattice.paths import Paths
 from lattice.training.gbdt_stage import read_rows
 from lattice.training.threads import machine_threads
-from lattice.trees.leaves import FIT_RULE, fit_fraction, fitted_rows  # noqa: F401  (fit_fraction: the rule's hash)
+from lattice.trees.leaves import FIT_RULE, fitted_rows
 
 VERSION = 1
 
