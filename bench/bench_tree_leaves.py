@@ -19,7 +19,9 @@ Datasets:
 Per dataset: `lattice trees fit` (models.leaves: `--num-trees`, `--num-leaves`), then `gbdt`,
 `gbdt@lgb_default` (LightGBM's defaults: 31 leaves, learning rate 0.1, 20 rows per leaf, no L2;
 early stopping on validation as every booster here), `teacher` (leaves off), `teacher@leaves`
-(leaves on), and with `--student` the students distilled from each. Writes
+(leaves on), and with `--student` the students distilled from each. `--fit-shares 1,0.5`: also
+`teacher@xfit50`, the teacher with leaves of trees fitted on half the train rows (cross-fitting,
+models.leaves.fit_share), fitted and trained first, then the trees refitted on every train row. Writes
 .lattice/bench/bench_tree_leaves.json. Asserts nothing. Keep it `nice`: the dev machine has 2
 shared cores.
 """
@@ -151,11 +153,11 @@ def shipped(name: str, workdir: Path, reuse: bool, demo_rows: int, overrides: li
 
 
 def with_leaves(config, models: list[str], num_trees: int, num_leaves: int, margin: tuple[str, ...] = (),
-                pooling: str | None = None):
+                pooling: str | None = None, fit_share: float = 1.0):
     m = config.models
     pool = ({"pooling": {"teacher": pooling.split(",")[0], "student": pooling.split(",")[-1]}} if pooling else {})
     leaves = m.leaves.model_copy(update={"models": models, "num_trees": num_trees, "num_leaves": num_leaves,
-                                         "margin": list(margin), **pool})
+                                         "margin": list(margin), "fit_share": fit_share, **pool})
     return config.model_copy(update={"models": m.model_copy(update={"leaves": leaves})})
 
 
@@ -294,17 +296,32 @@ def run_dataset(name: str, args) -> dict:
     # the student alone on the margin, distilled from the teacher with leaves (no margin)
     student_margin = with_leaves(config, ["teacher", "student"], args.num_trees, args.num_leaves, margin=("student",),
                                  pooling=args.pooling)
-    t = time.perf_counter()
-    manifest = fit_trees(on, paths)
-    print(f"[{name}] trees fit {time.perf_counter() - t:.0f}s: " + ", ".join(
-        f"{o} {b['best_round']} trees / {b['leaves']} leaves" for o, b in manifest["boosters"].items()), flush=True)
-    if args.latency_only:
-        return {"leaf_latency": leaf_latency(config, paths), "trees": {o: b["best_round"] for o, b in manifest["boosters"].items()}}
-    rows: dict[str, list[dict]] = {}
-
     def seeded(cfg, seed):
         return cfg.model_copy(update={"training": cfg.training.model_copy(update={"seed": seed})})
 
+    def fit(cfg, share: float) -> dict:
+        t = time.perf_counter()
+        manifest = fit_trees(cfg, paths)
+        print(f"[{name}] trees fit (share {share:g}: {manifest['fit_rows']:,} of {manifest['train_rows']:,} train rows) "
+              f"{time.perf_counter() - t:.0f}s: " + ", ".join(
+                  f"{o} {b['best_round']} trees / {b['leaves']} leaves" for o, b in manifest["boosters"].items()), flush=True)
+        return manifest
+
+    rows: dict[str, list[dict]] = {}
+    crossfit = {}
+    for share in args.fit_shares:  # cross-fitting: the teacher with leaves of trees fitted on a share of the train rows
+        if share >= 1.0:
+            continue
+        xcfg = with_leaves(config, ["teacher"], args.num_trees, args.num_leaves, pooling=args.pooling, fit_share=share)
+        m_x = fit(xcfg, share)
+        crossfit[str(share)] = {o: b["best_round"] for o, b in m_x["boosters"].items()}
+        for seed in args.seeds:
+            print(f"[{name}] seed {seed}, fit share {share:g}", flush=True)
+            rows.setdefault(f"teacher, leaves, fit share {share:g}", []).append(
+                run_one(seeded(xcfg, seed), paths, f"teacher@xfit{round(share * 100)}", args.epochs))
+    manifest = fit(on, 1.0)
+    if args.latency_only:
+        return {"leaf_latency": leaf_latency(config, paths), "trees": {o: b["best_round"] for o, b in manifest["boosters"].items()}}
     for seed in args.seeds:  # the trees are fitted once (seed --seed); the networks per seed
         print(f"[{name}] seed {seed}", flush=True)
         rows.setdefault("teacher, leaves", []).append(run_one(seeded(on, seed), paths, "teacher@leaves", args.epochs))
@@ -327,8 +344,9 @@ def run_dataset(name: str, args) -> dict:
                 scores = score(seeded(cfg, seed), paths, teacher, "all", progress=False)
                 rows.setdefault(label, []).append(run_one(seeded(cfg, seed), paths, student, args.epochs, teacher_scores=scores))
         if seed == args.seeds[0]:  # deterministic boosters: once; the intervals are on this seed's rows
-            rows["gbdt (platform)"] = [run_one(config, paths, "gbdt", None)]
-            rows["LightGBM default"] = [run_one(lgb_default(config), paths, "gbdt@lgb_default", None)]
+            if not args.no_boosters:
+                rows["gbdt (platform)"] = [run_one(config, paths, "gbdt", None)]
+                rows["LightGBM default"] = [run_one(lgb_default(config), paths, "gbdt@lgb_default", None)]
             found = versus_reference(config, rows, reference="teacher, leaves")
     print(f"\n[{name}] test NE per (domain, objective) and macro NE per objective (mean over seeds {args.seeds}; "
           f"leaves {args.num_trees} trees x {args.num_leaves} leaves)\n" + table(config, rows) + "\n", flush=True)
@@ -339,7 +357,32 @@ def run_dataset(name: str, args) -> dict:
     for runs in rows.values():
         for r in runs:
             r.pop("test_predictions", None)
-    return {"models": rows, "versus_teacher_leaves": found, "trees": {o: b["best_round"] for o, b in manifest["boosters"].items()}}
+    return {"models": rows, "versus_teacher_leaves": found, "trees": {o: b["best_round"] for o, b in manifest["boosters"].items()},
+            "trees_cross_fit": crossfit}
+
+
+def compare_saved(name: str, args) -> dict:
+    """`--compare REF=M1,M2`: NE(Mi) - NE(REF) per objective with the paired interval, on the test
+    predictions the models left in the dataset's work folder (those of the last seed run)."""
+    from bench_peers import versus_lines
+
+    from lattice.evaluation.compare import paired_bootstrap
+    from lattice.paths import Paths
+
+    workdir = Path(args.workdir) / name
+    if name == "bank":  # the cut only names the split in the config; the table is the one on disk
+        config = bank_config(workdir, ("2009-01-01T00:00:00", "2010-01-01T00:00:00"))
+        paths = Paths.for_config(config, workdir)
+    else:
+        config, paths = shipped(name, workdir, True, args.demo_rows, args.set)
+    ref, others = args.compare.split("=", 1)
+    a = pd.read_parquet(paths.model_dir(ref) / "predictions.parquet")
+    pairs = {m: paired_bootstrap(config, a, pd.read_parquet(paths.model_dir(m) / "predictions.parquet"))["by_objective"]
+             for m in others.split(",")}
+    found = {"reference": ref, "pairs": pairs,
+             "met": {o: not any(v[o]["verdict"] == "B better" for v in pairs.values()) for o in config.objective_names}}
+    print(f"[{name}] " + versus_lines(found), flush=True)
+    return found
 
 
 def main() -> None:
@@ -355,6 +398,13 @@ def main() -> None:
     p.add_argument("--num-leaves", type=int, default=15, help="models.leaves.num_leaves (its default: 15)")
     p.add_argument("--pooling", default=None, metavar="TEACHER[,STUDENT]",
                    help="models.leaves.pooling: mean or sum, for both networks or teacher,student (default: the config's)")
+    p.add_argument("--fit-shares", default="1", metavar="S[,S...]",
+                   help="models.leaves.fit_share: each share below 1 also trains the teacher with leaves of trees fitted on "
+                        "that share of the train rows (cross-fitting), against the reference teacher with leaves (share 1)")
+    p.add_argument("--no-boosters", action="store_true", help="skip gbdt and LightGBM default")
+    p.add_argument("--compare", default=None, metavar="REF=M1,M2",
+                   help="only compare: NE(Mi) - NE(REF) with the paired interval on the test predictions the models "
+                        "(model dir names, e.g. teacher@leaves=teacher@xfit70,teacher) left in each dataset's work folder")
     p.add_argument("--student", action="store_true", help="also the students distilled from each teacher")
     p.add_argument("--margin", action="store_true", help="also the teacher (and student) with models.leaves.margin")
     p.add_argument("--no-plain", action="store_true", help="skip the teacher (and student) without leaves")
@@ -369,8 +419,13 @@ def main() -> None:
     args = p.parse_args()
     args.others = [m for m in args.others.split(",") if m]
     args.seeds = [int(x) for x in args.seeds.split(",")]
+    args.fit_shares = [float(x) for x in args.fit_shares.split(",")]
     print(f"machine: {platform.machine()}, {os.cpu_count()} cpus, python {platform.python_version()}, "
           f"load avg {os.getloadavg()[0]:.1f}", flush=True)
+    if args.compare:
+        for name in args.datasets.split(","):
+            compare_saved(name, args)
+        return
     out = {name: run_dataset(name, args) for name in args.datasets.split(",")}
     dest = Path(args.out)
     dest.parent.mkdir(parents=True, exist_ok=True)

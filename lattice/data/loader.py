@@ -354,6 +354,8 @@ class ExampleStream(IterableDataset):
         if not keep.any():
             return None
         arrs = enc.encode(tbl, part, keep)
+        if self.split == "train" and self.leaves is not None:  # cross-fitting: no leaf ids on rows the trees were fitted on
+            self.leaves.empty_fitted(arrs)
         for o, (lab, msk) in heads.items():  # one 1-D column per head, so `pack` ships them as it does labels
             for k in range(lab.shape[1]):
                 arrs[f"zlabel:{o}:{k}"] = lab[keep, k].astype(np.float32)

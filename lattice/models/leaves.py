@@ -112,9 +112,14 @@ def add_empty_leaves(kjt: KeyedJaggedTensor, model: nn.Module) -> KeyedJaggedTen
 
 def leaf_values(arrs: dict[str, np.ndarray]) -> list[tuple[str, np.ndarray, np.ndarray]]:
     """(KJT key, values, lengths) per forest in `arrs` (sorted by objective): every row a bag of
-    one id per tree, row-major."""
+    one id per tree, row-major; a negative id (a cross-fitted train row's, lattice.trees.leaves
+    EMPTY) is left out of its bag, so such a row's bag is empty (a zero token under mean pooling)."""
     out = []
     for k in sorted(k for k in arrs if k.startswith("leaf:")):
         leaves = arrs[k]  # (n, T)
-        out.append((leaf_key(k.split(":", 1)[1]), leaves.reshape(-1), np.full(leaves.shape[0], leaves.shape[1], np.int32)))
+        if leaves.size and leaves.min() < 0:
+            kept = leaves >= 0
+            out.append((leaf_key(k.split(":", 1)[1]), leaves[kept], kept.sum(1).astype(np.int32)))
+        else:
+            out.append((leaf_key(k.split(":", 1)[1]), leaves.reshape(-1), np.full(leaves.shape[0], leaves.shape[1], np.int32)))
     return out

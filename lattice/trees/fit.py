@@ -3,7 +3,13 @@
 `paths.trees` with the dense stats and sparse encodings its matrix was built with, so that every
 later reader turns a row into the same leaf ids (`leaf_ids`). Per objective, not one multi-output
 booster: LightGBM's binary boosters are single-output, and each objective is labelled on
-different rows (its mask)."""
+different rows (its mask).
+
+Cross-fitting (`models.leaves.fit_share` below 1): the boosters and their sparse encodings are
+fitted only on the train rows whose `lattice.trees.leaves.fit_fraction` is below the share, a
+rule of the example id alone (no row order, no partitioning), and a network that reads the leaves
+gives exactly those rows an empty leaf bag while it trains (`LeafForest.empty_fitted`, applied by
+the training loader), so its leaf embeddings learn only from rows the trees never saw."""
 
 from __future__ import annotations
 
@@ -20,6 +26,7 @@ from lattice.models.gbdt import TreeFeatures, fit_booster, lgb_params
 from lattice.paths import Paths
 from lattice.training.gbdt_stage import read_rows
 from lattice.training.threads import machine_threads
+from lattice.trees.leaves import FIT_RULE, fitted_rows
 
 VERSION = 1
 
@@ -39,7 +46,10 @@ def fit_trees(config: PlatformConfig, paths: Paths, seed: int | None = None) -> 
     stats.save(out / "dense_stats.json")
     arrs, split = read_rows(config, table, stats)
     train, valid = split == "train", split == "validation"
-    features = TreeFeatures.fit(config, [c.column for c in stats.columns], arrs, train, settings.max_categories,
+    share = float(leaves.fit_share)
+    fit = train.copy()
+    fit[train] = fitted_rows(arrs["example_id"][train], share)  # cross-fitting: the share's rows only
+    features = TreeFeatures.fit(config, [c.column for c in stats.columns], arrs, fit, settings.max_categories,
                                 with_domain=True)
     features.save(out / "encodings.npz")
     x = features.matrix(arrs)
@@ -47,14 +57,17 @@ def fit_trees(config: PlatformConfig, paths: Paths, seed: int | None = None) -> 
     for o in config.objective_names:
         labelled = arrs[f"mask:{o}"] > 0
         y = arrs[f"label:{o}"].astype(np.float64)
-        f = fit_booster(params, settings, features, x[train & labelled], y[train & labelled],
+        f = fit_booster(params, settings, features, x[fit & labelled], y[fit & labelled],
                         x[valid & labelled], y[valid & labelled])
         if f.booster is not None:
             f.booster.save_model(str(out / "boosters" / f"{o}.txt"), num_iteration=f.best_round)
         boosters[o] = f.describe()
     manifest = {"version": VERSION, "params": params, "num_trees": leaves.num_trees, "num_leaves": leaves.num_leaves,
-                "fit_rows": int(train.sum()), "validation_rows": int(valid.sum()), "boosters": boosters,
+                "fit_share": share, "train_rows": int(train.sum()), "fit_rows": int(fit.sum()),
+                "held_out_train_rows": int((train & ~fit).sum()), "validation_rows": int(valid.sum()), "boosters": boosters,
                 "features": features.describe(), "seconds": time.perf_counter() - started}
+    if share < 1.0:
+        manifest["fit_rule"] = FIT_RULE
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1))
     return manifest
 

@@ -30,12 +30,35 @@ from lattice.data.transforms import DenseStats
 from lattice.models.gbdt import SparseEncoding, TreeFeatures
 from lattice.models.leaves import KEY_PREFIX, leaf_key  # noqa: F401  (the KJT keys of the forests)
 
+FIT_SALT = "|trees-fit"
+FIT_RULE = "sha256(example_id + '|trees-fit'), first 13 hex digits / 16**13 < fit_share, of the train split's rows"
+EMPTY = -1
+"""A leaf id the training loader writes over a fitted row's ids (cross-fitting): `leaf_values`
+leaves it out of the bag, so the row's bag is empty."""
+
 TREES_FILE = "trees.json"
 """The tree fit inside an exported artifact (LeafForest.to_json), next to the TorchScript module."""
 
 
 class NoTreeFit(FileNotFoundError):
     pass
+
+
+def fit_fraction(example_ids) -> np.ndarray:
+    """u in [0, 1) per example id for the cross-fitting share (`models.leaves.fit_share`; a train
+    row is fitted on when u < the share): the split's hash of the id, salted, so the share does
+    not follow the split's own draw. A function of the id alone: no row order or partitioning."""
+    from lattice.data.split import hash_fraction
+
+    return hash_fraction(f"{e}{FIT_SALT}" for e in example_ids)
+
+
+def fitted_rows(example_ids, share: float) -> np.ndarray:
+    """Of these train rows, those a fit of `share` was fitted on (every row at 1)."""
+    ids = np.asarray(example_ids)
+    if share >= 1.0:
+        return np.ones(len(ids), bool)
+    return fit_fraction(ids.tolist()) < share
 
 
 @dataclass
@@ -82,6 +105,12 @@ class LeafForest:
         fit = {"version": manifest["version"], "sha256": digest.hexdigest(), "path": str(trees_dir),
                "trees": {o: _num_trees(t) for o, t in boosters.items()}, "num_leaves": int(manifest["num_leaves"]),
                "fit_rows": manifest.get("fit_rows")}
+        share = float(manifest.get("fit_share", 1.0))  # a fit made before cross-fitting: every train row
+        fit["fit_share"] = share
+        if share < 1.0:  # the rule, into the lineage of every model that reads this fit
+            digest.update(f"fit_share={share!r};{manifest['fit_rule']}".encode())
+            fit["sha256"] = digest.hexdigest()
+            fit.update(fit_rule=manifest["fit_rule"], train_rows=manifest.get("train_rows"))
         return cls(boosters, stats, sparse, "domain" in manifest["features"]["names"], int(manifest["num_leaves"]), fit)
 
     def blob(self) -> dict:
@@ -124,6 +153,25 @@ class LeafForest:
                     out[t * self.num_leaves + leaf] = booster.get_leaf_output(t, leaf)
             self._values[objective] = out.tolist()
         return self._values[objective]
+
+    @property
+    def fit_share(self) -> float:
+        """The share of the train split the boosters were fitted on (`models.leaves.fit_share`);
+        1 for a fit, or a model.pt, made before the key existed."""
+        return float(self.fit.get("fit_share", 1.0))
+
+    def empty_fitted(self, arrs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Cross-fitting, for the rows a network trains on (all of the train split): the rows the
+        boosters were fitted on get an empty bag of leaf ids (`EMPTY` over their ids), in place.
+        Nothing changes at a share of 1."""
+        share = self.fit_share
+        keys = [k for k in arrs if k.startswith("leaf:")]
+        if share >= 1.0 or not keys:
+            return arrs
+        rows = fitted_rows(arrs["example_id"], share)
+        for k in keys:
+            arrs[k][rows] = EMPTY
+        return arrs
 
     # ------------------------------------------------------------ scoring
     def booster(self, objective: str) -> lgb.Booster:
@@ -264,4 +312,10 @@ def forest_for(config, paths, kind: str, parent_blob: dict | None = None) -> Lea
         return None
     if parent_blob is not None and parent_blob.get("leaves"):
         return LeafForest.from_blob(parent_blob["leaves"])
-    return LeafForest.load(paths.trees, config_hint=f"<config of {config.name!r}> --workdir {paths.workdir}")
+    hint = f"<config of {config.name!r}> --workdir {paths.workdir}"
+    forest = LeafForest.load(paths.trees, config_hint=hint)
+    share = float(config.models.leaves.fit_share)
+    if forest.fit_share != share:  # the fit decides which train rows lose their leaf ids: it must be this config's
+        raise NoTreeFit(f"models.leaves.fit_share is {share} but the tree fit at {paths.trees} was fitted on a share of "
+                        f"{forest.fit_share} of the train rows; refit it with `lattice trees fit {hint}`")
+    return forest

@@ -450,3 +450,173 @@ def test_a_model_saved_before_pooling_existed_rebuilds_summing_and_a_warm_start_
     summing = cfg.model_copy(update={"models": cfg.models.model_copy(update={
         "leaves": cfg.models.leaves.model_copy(update={"pooling": {"teacher": "sum", "student": "sum"}})})})
     assert check_compatible(build_model(summing, "teacher", 6, leaves=spec), blob, summing, "teacher") == []
+
+
+# ---------------------------------------------------------------- cross-fitting (models.leaves.fit_share)
+
+
+def _shared(cfg: PlatformConfig, share: float) -> PlatformConfig:
+    m = cfg.models
+    return cfg.model_copy(update={"models": m.model_copy(update={"leaves": m.leaves.model_copy(update={"fit_share": share})})})
+
+
+@pytest.fixture(scope="module")
+def cross_fitted(tmp_path_factory):
+    """The `fitted` table again, its trees fitted on half the train rows."""
+    base = tmp_path_factory.mktemp("xfit")
+    cfg = _shared(_config(base / "raw"), 0.5)
+    generate(cfg, 4_000, base / "raw", progress=False)
+    paths = Paths.for_config(cfg, base / "work")
+    write_local_table(cfg, paths, row_group_size=700)
+    seen: list[tuple[int, int]] = []
+    real = lgb.train
+
+    def recording(params, train_set, *args, **kwargs):
+        booster = real(params, train_set, *args, **kwargs)
+        valid = kwargs.get("valid_sets") or []
+        seen.append((train_set.num_data(), valid[0].num_data() if valid else 0))
+        return booster
+
+    lgb.train = recording
+    try:
+        manifest = fit_trees(cfg, paths)
+    finally:
+        lgb.train = real
+    return cfg, paths, manifest, seen
+
+
+def _fit_mask(cfg: PlatformConfig, paths: Paths, share: float):
+    from lattice.data.loader import find_table
+    from lattice.trees.leaves import fit_fraction
+    stats = DenseStats.load(paths.trees / "dense_stats.json")
+    arrs, split = read_rows(cfg, find_table(paths), stats)
+    return arrs, split, (split == "train") & (fit_fraction(arrs["example_id"].tolist()) < share)
+
+
+def test_a_cross_fit_reads_only_its_share_of_the_train_rows(cross_fitted) -> None:
+    cfg, paths, manifest, seen = cross_fitted
+    arrs, split, fit = _fit_mask(cfg, paths, 0.5)
+    train = split == "train"
+    assert 0.4 < fit.sum() / train.sum() < 0.6  # the hash draws about half
+    expected = []
+    for o in cfg.objective_names:
+        lab = arrs[f"mask:{o}"] > 0
+        expected.append((int((fit & lab).sum()), int(((split == "validation") & lab).sum())))  # validation: all of it
+    assert seen == expected
+    on_disk = json.loads((paths.trees / "manifest.json").read_text())
+    assert on_disk["fit_share"] == 0.5 and on_disk["fit_rows"] == int(fit.sum())
+    assert on_disk["train_rows"] == int(train.sum()) and on_disk["held_out_train_rows"] == int((train & ~fit).sum())
+    assert "trees-fit" in on_disk["fit_rule"]
+    # the rule is the example id's alone: the same ids in another order draw the same rows
+    from lattice.trees.leaves import LeafForest, fitted_rows
+    ids = arrs["example_id"][train]
+    perm = np.random.default_rng(0).permutation(len(ids))
+    np.testing.assert_array_equal(fitted_rows(ids[perm], 0.5), fitted_rows(ids, 0.5)[perm])
+    # and the fit's lineage carries the share and the rule
+    forest = LeafForest.load(paths.trees)
+    assert forest.fit_share == 0.5 and forest.fit["fit_rule"] == on_disk["fit_rule"]
+
+
+def test_the_trees_fitted_rows_train_with_empty_leaf_bags_the_others_with_pred_leaf(cross_fitted) -> None:
+    import torch
+
+    from lattice.data.loader import BatchLoader, find_table, fit_dense_stats
+    from lattice.models.build import build_model
+    from lattice.models.leaves import split_leaves
+    from lattice.trees.leaves import LeafForest, leaf_key
+
+    cfg, paths, manifest, _ = cross_fitted
+    arrs, split, fit = _fit_mask(cfg, paths, 0.5)
+    stats = DenseStats.load(paths.trees / "dense_stats.json")
+    features = TreeFeatures.fit(cfg, [c.column for c in stats.columns], arrs, fit,  # the fit's own encodings: its rows
+                                cfg.models.baselines.trees.max_categories, with_domain=True)
+    x = features.matrix(arrs)
+    ref = {p.stem: lgb.Booster(model_file=str(p)).predict(x, pred_leaf=True) for p in sorted((paths.trees / "boosters").glob("*.txt"))}
+    row = {e: i for i, e in enumerate(arrs["example_id"])}
+    forest = LeafForest.load(paths.trees)
+    table = find_table(paths)
+    on = _leaves_on(cfg, ["teacher"])
+    model = build_model(on, "teacher", len(stats.columns), leaves=forest.spec())
+    n_features = len(cfg.features.sparse)
+    num_leaves = cfg.models.leaves.num_leaves
+    counts = {"train": [0, 0], "test": [0, 0]}  # rows with an empty bag, rows with one id per tree
+    for name in ("train", "test"):
+        for batch in BatchLoader(on, table, fit_dense_stats(on, table), name, batch_size=300, num_workers=0, leaves=forest):
+            kjt = batch.sparse.to_dict()
+            idx = np.array([row[e] for e in batch.example_ids])
+            fitted = fit[idx]
+            for o, want in ref.items():
+                trees = want.shape[1]
+                lengths = kjt[leaf_key(o)].lengths().numpy()
+                if name == "train":
+                    np.testing.assert_array_equal(lengths, np.where(fitted, 0, trees))
+                else:  # test rows keep their ids, whatever their hash
+                    np.testing.assert_array_equal(lengths, np.full(len(batch), trees))
+                got = kjt[leaf_key(o)].values().numpy().reshape(-1, trees) - np.arange(trees) * num_leaves
+                np.testing.assert_array_equal(got, want[idx[lengths > 0]])
+            empty = kjt[leaf_key(sorted(ref)[0])].lengths().numpy() == 0
+            counts[name][0] += int(empty.sum())
+            counts[name][1] += int((~empty).sum())
+            # under mean pooling an empty bag is a zero token; a full one is not
+            tokens = model.leaves(split_leaves(batch.sparse, n_features, model.leaves)[1])
+            assert torch.all(tokens[torch.from_numpy(empty)] == 0)
+            assert torch.all(tokens[torch.from_numpy(~empty)].abs().sum(-1) > 0)
+    assert counts["train"][0] > 300 and counts["train"][1] > 300 and counts["test"] [0] == 0
+
+
+def test_a_teacher_trains_on_a_cross_fit_and_carries_its_share(cross_fitted) -> None:
+    from lattice.models.saved import load_saved
+    from lattice.training.stages import train
+
+    cfg, paths, _, _ = cross_fitted
+    on = _leaves_on(cfg, ["teacher"])
+    train(on, paths, model="teacher", nproc=1, epochs=1, progress=False)
+    saved = load_saved(paths.model_dir("teacher"))
+    assert saved.model.leaf_forest.fit_share == 0.5
+    assert saved.blob["lineage"]["trees"]["fit_share"] == 0.5 and "trees-fit" in saved.blob["lineage"]["trees"]["fit_rule"]
+
+
+def test_a_fit_share_out_of_range_is_a_config_error_and_a_stale_fit_is_refused(fitted) -> None:
+    import yaml
+
+    from lattice.trees.leaves import NoTreeFit, forest_for
+
+    d = yaml.safe_load((ROOT / "configs" / "demo.yaml").read_text())
+    d.setdefault("models", {})["leaves"] = {"models": ["teacher"]}
+    assert parse_config(d, "x.yaml").models.leaves.fit_share == 1.0  # the default: every train row
+    for bad in (0, -0.5, 1.5, float("nan")):
+        d["models"]["leaves"] = {"models": ["teacher"], "fit_share": bad}
+        with pytest.raises(ConfigError, match=r"fit_share .*\(0, 1\]"):
+            parse_config(d, "x.yaml")
+    d["models"]["leaves"] = {"models": ["teacher", "student"], "fit_share": 0.5}  # the student's margin (the default)
+    with pytest.raises(ConfigError, match="margin"):
+        parse_config(d, "x.yaml")
+    d["models"]["leaves"] = {"models": ["teacher", "student"], "fit_share": 0.5, "margin": []}
+    assert parse_config(d, "x.yaml").models.leaves.fit_share == 0.5
+    cfg, paths, _, _ = fitted  # fitted on every train row: a config asking for half is refused, naming the refit
+    with pytest.raises(NoTreeFit, match=r"fit_share is 0.5 .*lattice trees fit"):
+        forest_for(_shared(_leaves_on(cfg, ["teacher"]), 0.5), paths, "teacher")
+
+
+def test_a_fit_or_model_made_before_fit_share_reads_every_train_row(fitted, tmp_path) -> None:
+    import shutil
+
+    from lattice.trees.leaves import LeafForest
+
+    cfg, paths, _, _ = fitted
+    now = LeafForest.load(paths.trees)
+    old_dir = tmp_path / "trees"
+    shutil.copytree(paths.trees, old_dir)
+    m = json.loads((old_dir / "manifest.json").read_text())
+    for k in ("fit_share", "train_rows", "held_out_train_rows", "fit_rule"):
+        m.pop(k, None)
+    (old_dir / "manifest.json").write_text(json.dumps(m))
+    old = LeafForest.load(old_dir)
+    assert old.fit_share == 1.0 and old.fit["sha256"] == now.fit["sha256"]  # same identity as before the key
+    blob = old.blob()
+    blob["fit"] = {k: v for k, v in blob["fit"].items() if k != "fit_share"}  # a model.pt saved before the key
+    forest = LeafForest.from_blob(blob)
+    assert forest.fit_share == 1.0
+    arrs = {"example_id": np.array([f"e{i}" for i in range(50)]), "leaf:click": np.arange(100).reshape(50, 2)}
+    forest.empty_fitted(arrs)
+    np.testing.assert_array_equal(arrs["leaf:click"], np.arange(100).reshape(50, 2))  # nothing emptied
