@@ -523,9 +523,14 @@ def ops_in_process(config, paths, reqs: list[dict], loops: int = 300) -> dict:
     """What recording adds to the request path, without HTTP or the machine's other load in the
     figure: `Server.score` with the prediction log + metrics (`ServingOps`) and without, the
     champion and the online store as served, alternated call by call; medians in microseconds."""
+    import torch
+
     from lattice.serving.ops import ServingOps
     from lattice.serving.requests import PredictRequest
 
+    # one intra-op thread, as `lattice serve` runs the model: with two, the idle OpenMP worker's
+    # spinning while the writer's thread holds the GIL was charged to "on" (docs/bench/serving.md)
+    torch.set_num_threads(1)
     server, info = _scoring_server(config, paths)
     ops = ServingOps(config, Path(tempfile.mkdtemp(prefix="lattice-bench-ops-log-")))
     out = {}
@@ -574,6 +579,79 @@ def _ops_cpu(server, ops, parsed: list, rounds: int = 11) -> dict:
                 o.writer.flush()
             got[mode].append((time.process_time() - t) * 1e6 / len(parsed))
     return {m: float(np.median(v)) for m, v in got.items()}
+
+
+def ops_interleaved(config, wd: Path, args, reqs: list[dict]) -> dict:
+    """Prediction log + /metrics on vs off, both servers up at once and hit in turn, request by
+    request (on, off, off, on, ...), so that whatever else the machine runs lands on both alike;
+    `--ops` runs them one after the other, which on this shared machine moved a mode's own
+    figures by up to 2x between runs. Per round: single-request latency, the time of each
+    256-row batch and each server's CPU (every thread, its writer's flushes included) over the
+    batches. The "on" server's writer flushes in the background while the "off" one answers, so
+    the wall-clock ratios understate the log's cost a little; the CPU ratio does not."""
+    import http.client
+
+    cfgs = {m: _config_with(config, f"lattice-bench-ops-{m}-", {"monitoring.metrics": on, "monitoring.prediction_log.enabled": on})
+            for m, on in (("on", True), ("off", False))}
+    ports = {"on": args.port, "off": args.port + 1}
+    procs = {m: subprocess.Popen([sys.executable, "-m", "lattice.cli", "serve", cfgs[m], "--workdir", str(wd), "--port",
+                                  str(ports[m]), "--log-level", "warning"], cwd=ROOT) for m in ("on", "off")}
+    rows_before = _log_rows(wd)
+    try:
+        for m, proc in procs.items():
+            wait_healthy(f"http://127.0.0.1:{ports[m]}", proc, 180)
+        conns = {m: http.client.HTTPConnection("127.0.0.1", ports[m], timeout=60) for m in procs}
+        headers = {"Content-Type": "application/json"}
+
+        def post(m: str, body: bytes) -> float:
+            t = time.perf_counter()
+            conns[m].request("POST", "/predict", body, headers)
+            resp = conns[m].getresponse()
+            data = resp.read()
+            if resp.status != 200:
+                raise RuntimeError(f"/predict ({m}) answered {resp.status}: {data[:300]!r}")
+            return (time.perf_counter() - t) * 1e3
+
+        singles = [json.dumps(r).encode() for r in reqs]
+        batches = [json.dumps({"requests": reqs[i:i + 256]}).encode() for i in range(0, len(reqs) - 255, 256)]
+        for m in procs:  # warm-up
+            for b in singles[:20] + batches[:3]:
+                post(m, b)
+        rounds = []
+        sent = 0
+        for r in range(args.runs):
+            single = {"on": [], "off": []}
+            for i in range(args.singles):
+                for m in ("on", "off") if i % 2 == 0 else ("off", "on"):
+                    single[m].append(post(m, singles[i % len(singles)]))
+            cpu0 = {m: settled(lambda m=m: process_cpu(procs[m].pid)) for m in procs}
+            batch = {"on": [], "off": []}
+            for k in range(args.batches):
+                for m in ("on", "off") if k % 2 == 0 else ("off", "on"):
+                    batch[m].append(post(m, batches[k % len(batches)]))
+            cpu1 = {m: settled(lambda m=m: process_cpu(procs[m].pid)) for m in procs}
+            sent += args.singles + 256 * args.batches
+            row = {m: {"p50": float(np.percentile(single[m], 50)), "p99": float(np.percentile(single[m], 99)),
+                       "pps": 256 * len(batch[m]) / (sum(batch[m]) / 1e3),
+                       "cpu_pred": (cpu1[m] - cpu0[m]) * 1e6 / (256 * args.batches)} for m in procs}
+            rounds.append(row)
+            print(f"  round {r + 1}: single p99 {row['on']['p99']:.2f} / {row['off']['p99']:.2f} ms (x{row['on']['p99'] / row['off']['p99']:.3f})"
+                  f"   batched {row['on']['pps']:,.0f} / {row['off']['pps']:,.0f} predictions/s (x{row['on']['pps'] / row['off']['pps']:.3f})"
+                  f"   server CPU {row['on']['cpu_pred']:.1f} / {row['off']['cpu_pred']:.1f} us a batched prediction"
+                  f" (x{row['on']['cpu_pred'] / row['off']['cpu_pred']:.3f})", flush=True)
+        for c in conns.values():
+            c.close()
+    finally:
+        for proc in procs.values():
+            proc.terminate()
+            proc.wait(timeout=30)
+    logged = _log_rows(wd) - rows_before
+    ratio = {k: float(np.median([r["on"][k] / r["off"][k] for r in rounds])) for k in ("p50", "p99", "pps", "cpu_pred")}
+    print(f"\ninterleaved, on / off, medians of {args.runs} rounds' ratios ({args.singles} single requests and {args.batches} batches "
+          f"of 256 to each server a round): single p50 x{ratio['p50']:.3f}, p99 x{ratio['p99']:.3f}; batched predictions/s "
+          f"x{ratio['pps']:.3f}; server CPU per batched prediction x{ratio['cpu_pred']:.3f}")
+    print(f"  prediction log: {logged:,} rows written for {sent + 20 + 3 * 256:,} predictions sent to the logging server")
+    return {"rounds": rounds, "ratio": ratio, "logged": logged, "sent": sent + 20 + 3 * 256}
 
 
 def ops_bench(config, cfg_file: str, wd: Path, args, reqs: list[dict]) -> None:
@@ -643,6 +721,8 @@ def main() -> None:
     ap.add_argument("--ops", action="store_true", help="prediction log + /metrics on vs off (see above)")
     ap.add_argument("--ops-tail", type=float, default=0, metavar="SECONDS",
                     help="--ops: only the single-request tail in one process, on vs off, SECONDS a window, --runs pairs")
+    ap.add_argument("--ops-interleaved", action="store_true",
+                    help="--ops: both servers up at once, requests alternated between them (see ops_interleaved); --runs rounds")
     ap.add_argument("--ops-modes", default="on,off", help="--ops: also `metrics` (only /metrics) and `log` (only the "
                     "prediction log), to tell which of the two costs what")
     args = ap.parse_args()
@@ -671,6 +751,9 @@ def main() -> None:
                                             for q in (50, 99, 99.9)))
         ratios = {q: float(np.median([r["on"][q] / r["off"][q] for r in rows])) for q in (50, 99, 99.9)}
         print("  median ratio: " + "   ".join(f"p{q:g} x{v:.3f}" for q, v in ratios.items()))
+        return None
+    if args.ops and args.ops_interleaved:
+        ops_interleaved(config, wd, args, reqs)
         return None
     if args.ops:
         return ops_bench(config, cfg_file, wd, args, reqs)

@@ -1,9 +1,9 @@
 """Serving's Arrow parts -> parquet, one file per hour folder and run; the log as one dataset.
 
-Serving writes its parts as uncompressed Arrow IPC (`monitoring.prediction_log.part_format`):
-encoding parquet took 0.54 us a row of the serving cores (the demo's 31 columns, lz4), writing
-Arrow's buffers as they are 0.02 us (docs/bench/serving.md). The monitor, which runs off those
-cores, rewrites them: in each hour folder, the Arrow parts present when it starts go into one
+Serving writes its parts as Arrow IPC files, lz4 on each buffer
+(`monitoring.prediction_log.part_format`): 0.45 us a row of the serving cores for the demo's 31
+columns, against 0.75 us for a parquet part (docs/bench/serving.md). The monitor, which runs off
+those cores, rewrites them: in each hour folder, the Arrow parts present when it starts go into one
 parquet file (`compact-<unique>.parquet`) whose footer names them, and are then deleted.
 
 A reader (`log_dataset`) skips every part a compacted file in its folder names, so no row is
