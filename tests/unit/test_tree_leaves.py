@@ -32,17 +32,13 @@ def _config(data_root: Path) -> PlatformConfig:
         "leaves": m.leaves.model_copy(update={"num_trees": 12, "num_leaves": 7})})})
 
 
-@pytest.fixture(scope="module")
-def fitted(tmp_path_factory):
-    base = tmp_path_factory.mktemp("trees")
-    cfg = _config(base / "raw")
-    generate(cfg, 4_000, base / "raw", progress=False)
-    paths = Paths.for_config(cfg, base / "work")
-    write_local_table(cfg, paths, row_group_size=700)
+def _fit_recording(cfg: PlatformConfig, paths: Paths) -> tuple[dict, list[tuple[int, int]]]:
+    """`fit_trees` with `lgb.train` instrumented: the manifest, and the rows each fit and its early
+    stop read, (train rows, validation rows) per booster."""
     seen: list[tuple[int, int]] = []
     real = lgb.train
 
-    def recording(params, train_set, *args, **kwargs):  # instrument: the rows each fit and its early stop read
+    def recording(params, train_set, *args, **kwargs):
         booster = real(params, train_set, *args, **kwargs)
         valid = kwargs.get("valid_sets") or []
         seen.append((train_set.num_data(), valid[0].num_data() if valid else 0))
@@ -50,10 +46,19 @@ def fitted(tmp_path_factory):
 
     lgb.train = recording
     try:
-        manifest = fit_trees(cfg, paths)
+        return fit_trees(cfg, paths), seen
     finally:
         lgb.train = real
-    return cfg, paths, manifest, seen
+
+
+@pytest.fixture(scope="module")
+def fitted(tmp_path_factory):
+    base = tmp_path_factory.mktemp("trees")
+    cfg = _config(base / "raw")
+    generate(cfg, 4_000, base / "raw", progress=False)
+    paths = Paths.for_config(cfg, base / "work")
+    write_local_table(cfg, paths, row_group_size=700)
+    return (cfg, paths, *_fit_recording(cfg, paths))
 
 
 def test_the_fit_reads_labelled_train_rows_and_validation_only_for_early_stopping(fitted) -> None:
@@ -468,21 +473,7 @@ def cross_fitted(tmp_path_factory):
     generate(cfg, 4_000, base / "raw", progress=False)
     paths = Paths.for_config(cfg, base / "work")
     write_local_table(cfg, paths, row_group_size=700)
-    seen: list[tuple[int, int]] = []
-    real = lgb.train
-
-    def recording(params, train_set, *args, **kwargs):
-        booster = real(params, train_set, *args, **kwargs)
-        valid = kwargs.get("valid_sets") or []
-        seen.append((train_set.num_data(), valid[0].num_data() if valid else 0))
-        return booster
-
-    lgb.train = recording
-    try:
-        manifest = fit_trees(cfg, paths)
-    finally:
-        lgb.train = real
-    return cfg, paths, manifest, seen
+    return (cfg, paths, *_fit_recording(cfg, paths))
 
 
 def _fit_mask(cfg: PlatformConfig, paths: Paths, share: float):
