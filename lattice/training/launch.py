@@ -36,6 +36,10 @@ from lattice.relay import ENV, _kill_tree, _pump, is_terminal
 # (a killed peer closes its sockets, so gloo fails them within seconds) before they are killed
 NODE_GRACE_S = 30.0
 
+# stderr lines kept for the failure summary: torchrun prints the other failures (a SIGKILLed rank)
+# before the root cause, whose traceback from a peer's broken collective can run to a hundred
+# lines; a 40-line tail once lost the killed rank that way (CI, stop 55)
+SUMMARY_TAIL_LINES = 2000
 _ROOT = re.compile(r"rank\s*:\s*(\d+) \(local_rank: (\d+)\)\s*\n\s*exitcode\s*:\s*(-?\d+)")
 
 
@@ -219,7 +223,7 @@ def _tee(stream, tail: deque[str]) -> None:
 
 
 def run_nodes(cmds: list[list[str]], env: dict[str, str], log: logging.Logger,
-              tail_lines: int = 80) -> list[tuple[int, list[str]]]:
+              tail_lines: int = SUMMARY_TAIL_LINES) -> list[tuple[int, list[str]]]:
     """Run every node's launcher here at once; returns (exit code, stderr tail) per node. When
     one fails the others get NODE_GRACE_S to exit, then their process trees are killed, so no
     rank is left behind."""

@@ -218,7 +218,7 @@ def _run_torchrun(lay: launch.Launch, spec_path: Path, model: str, hint: str, no
         nodes = list(range(lay.nnodes))
     else:
         cmd = lay.command(spec_path, node_rank or 0)
-        results, nodes = [run_child(cmd, env, log)], [node_rank or 0]
+        results, nodes = [run_child(cmd, env, log, launch.SUMMARY_TAIL_LINES)], [node_rank or 0]
     failures = [f for (code, tail), i in zip(results, nodes) if code != 0 and (f := launch.failure_from(tail, i))]
     codes = [code for code, _ in results if code != 0]
     if codes:

@@ -182,6 +182,40 @@ def test_a_survivor_torchrun_terminated_is_not_named_as_the_cause() -> None:
     assert launch.pick([launch.Failure(0, 0, 1, 0), termed]) is termed
 
 
+def test_a_long_root_cause_traceback_does_not_hide_the_killed_rank(monkeypatch) -> None:
+    """Seen on CI (stop 55): rank 1 was SIGKILLed, rank 0's broken collective became the root
+    cause, and its long traceback pushed rank 1's entry out of a 40-line stderr tail."""
+    import logging
+    import os
+    import sys
+
+    from lattice import relay
+
+    frames = "\n".join(f'    File "loop.py", line {i}, in step\n      x = y()' for i in range(120))
+    summary = TERMINATED_ROOT.split("Root Cause")[0] + f"""Root Cause (first observed failure):
+[0]:
+  time      : 2026-12-07_17:29:15
+  host      : box
+  rank      : 0 (local_rank: 0)
+  exitcode  : 1 (pid: 4242)
+  error_file: /tmp/x/error.json
+  traceback : Traceback (most recent call last):
+{frames}
+  RuntimeError: Connection closed by peer
+============================================================"""
+    monkeypatch.setattr(relay, "is_terminal", lambda stream: False)
+    child = f"import sys; sys.stderr.write({summary!r}); sys.exit(1)"
+    code, tail = relay.run_child([sys.executable, "-c", child], dict(os.environ), logging.getLogger("t"),
+                                 launch.SUMMARY_TAIL_LINES)
+    assert code == 1 and len(summary.splitlines()) > 200
+    killed = launch.failure_from(tail, node=0)
+    assert killed == launch.Failure(1, 1, -9, 0)
+    lay = launch.Launch(1, 2, None, False, "r")
+    peer = launch.RankError(0, 0, "RuntimeError: Connection closed by peer", "", 5)
+    assert "rank 1 (node 0, local rank 1) died: killed by signal 9" in str(
+        launch.RankFailed("teacher", lay, launch.pick([killed]), 1, "r", error=peer))
+
+
 @pytest.mark.slow
 def test_a_rank_that_raises_is_named_by_its_error_file(tmp_path) -> None:
     """Two real ranks under torchrun whose run spec cannot be read: each rank's `record` writes
