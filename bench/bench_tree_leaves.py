@@ -299,26 +299,35 @@ def run_dataset(name: str, args) -> dict:
     def seeded(cfg, seed):
         return cfg.model_copy(update={"training": cfg.training.model_copy(update={"seed": seed})})
 
-    def fit(cfg, share: float) -> dict:
+    def fit(cfg, share: float | str) -> dict:
         t = time.perf_counter()
         manifest = fit_trees(cfg, paths)
-        print(f"[{name}] trees fit (share {share:g}: {manifest['fit_rows']:,} of {manifest['train_rows']:,} train rows) "
+        auto = manifest.get("fit_share_auto")
+        print(f"[{name}] trees fit (share {share}: {manifest['fit_rows']:,} of {manifest['train_rows']:,} train rows) "
               f"{time.perf_counter() - t:.0f}s: " + ", ".join(
-                  f"{o} {b['best_round']} trees / {b['leaves']} leaves" for o, b in manifest["boosters"].items()), flush=True)
+                  f"{o} {b['best_round']} trees / {b['leaves']} leaves, optimism {b.get('optimism')}"
+                  for o, b in manifest["boosters"].items()) + (f"; auto chose {auto['chose']:g}: {auto['why']}" if auto else ""),
+              flush=True)
         return manifest
+
+    if args.auto_only:  # what `fit_share: auto` chooses here, and the optimism it read
+        m_auto = fit(with_leaves(config, ["teacher"], args.num_trees, args.num_leaves, fit_share="auto"), "auto")
+        return {"fit_share_auto": m_auto["fit_share_auto"],
+                "trees": {o: b["best_round"] for o, b in m_auto["boosters"].items()}}
 
     rows: dict[str, list[dict]] = {}
     crossfit = {}
     for share in args.fit_shares:  # cross-fitting: the teacher with leaves of trees fitted on a share of the train rows
-        if share >= 1.0:
+        if share != "auto" and share >= 1.0:
             continue
         xcfg = with_leaves(config, ["teacher"], args.num_trees, args.num_leaves, pooling=args.pooling, fit_share=share)
         m_x = fit(xcfg, share)
         crossfit[str(share)] = {o: b["best_round"] for o, b in m_x["boosters"].items()}
         for seed in args.seeds:
-            print(f"[{name}] seed {seed}, fit share {share:g}", flush=True)
-            rows.setdefault(f"teacher, leaves, fit share {share:g}", []).append(
-                run_one(seeded(xcfg, seed), paths, f"teacher@xfit{round(share * 100)}", args.epochs))
+            print(f"[{name}] seed {seed}, fit share {share}", flush=True)
+            tag = share if share == "auto" else round(share * 100)
+            rows.setdefault(f"teacher, leaves, fit share {share}", []).append(
+                run_one(seeded(xcfg, seed), paths, f"teacher@xfit{tag}", args.epochs))
     manifest = fit(on, 1.0)
     if args.latency_only:
         return {"leaf_latency": leaf_latency(config, paths), "trees": {o: b["best_round"] for o, b in manifest["boosters"].items()}}
@@ -399,9 +408,11 @@ def main() -> None:
     p.add_argument("--pooling", default=None, metavar="TEACHER[,STUDENT]",
                    help="models.leaves.pooling: mean or sum, for both networks or teacher,student (default: the config's)")
     p.add_argument("--fit-shares", default="1", metavar="S[,S...]",
-                   help="models.leaves.fit_share: each share below 1 also trains the teacher with leaves of trees fitted on "
+                   help="models.leaves.fit_share: each share below 1 (or auto) also trains the teacher with leaves of trees fitted on "
                         "that share of the train rows (cross-fitting), against the reference teacher with leaves (share 1)")
     p.add_argument("--no-boosters", action="store_true", help="skip gbdt and LightGBM default")
+    p.add_argument("--auto-only", action="store_true",
+                   help="fit the trees at fit_share: auto only, and print the optimism it read and the share it chose")
     p.add_argument("--compare", default=None, metavar="REF=M1,M2",
                    help="only compare: NE(Mi) - NE(REF) with the paired interval on the test predictions the models "
                         "(model dir names, e.g. teacher@leaves=teacher@xfit70,teacher) left in each dataset's work folder")
@@ -419,7 +430,7 @@ def main() -> None:
     args = p.parse_args()
     args.others = [m for m in args.others.split(",") if m]
     args.seeds = [int(x) for x in args.seeds.split(",")]
-    args.fit_shares = [float(x) for x in args.fit_shares.split(",")]
+    args.fit_shares = [x if x == "auto" else float(x) for x in args.fit_shares.split(",")]
     print(f"machine: {platform.machine()}, {os.cpu_count()} cpus, python {platform.python_version()}, "
           f"load avg {os.getloadavg()[0]:.1f}", flush=True)
     if args.compare:

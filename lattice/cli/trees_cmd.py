@@ -22,7 +22,10 @@ def _fit(args: argparse.Namespace) -> int:
         return 1
     for o, b in m["boosters"].items():
         print(f"[{o:<12}] trees {b['best_round']:>4}  leaves {b['leaves']:>6}  train rows {b['train_rows']:>9,}  "
-              f"validation rows {b['valid_rows']:>9,}")
+              f"validation rows {b['valid_rows']:>9,}  optimism {b.get('optimism') or 0:.4f}")
+    auto = m.get("fit_share_auto")
+    print(f"fit share {m['fit_share']:g} ({m['fit_rows']:,} of {m['train_rows']:,} train rows)"
+          + (f"; auto: {auto['why']}" if auto else ""))
     print(f"fitted in {m['seconds']:.1f}s")
     return 0
 

@@ -524,23 +524,26 @@ class TreeLeaves(Strict):
             return {"teacher": "mean", "student": "mean", **v}
         return v
 
-    fit_share: float = 1.0
-    """Cross-fitting: the share of the train split's rows the trees are fitted on, in (0, 1]. A
-    train row is in the share when the hash of its example id (`lattice.trees.leaves.fit_fraction`:
-    sha256 of `<example_id>|trees-fit`, independent of the split's own hash) is below it, whatever
-    the table's order or partitioning. Below 1, `lattice trees fit` reads only those rows
-    (validation still stops it early) and records the share, the row counts and the rule in its
-    manifest and lineage; while a network trains, those rows get an empty bag of leaf ids (a zero
-    token under `mean` pooling), so the leaf embeddings learn only from train rows the trees never
-    saw. Validation, test, scoring and serving rows keep their leaf ids. A model follows the fit it
-    carries; a fit or model.pt made before this key existed is a share of 1. Default 1 (every
-    train row, as before): the choosing sets disagree (docs/bench/tree-leaves.md,
-    "Cross-fitting"). On the demo at 200k rows 0.7 removes the leaves' cost (conversion 0.9897 ->
-    0.9680, beyond noise; level with the teacher without leaves), but on Bank Marketing's random
-    split, where the trees are strong (the case leaves are for), every share below 1 costs beyond
-    noise (0.8262 -> 0.8445 at 0.7, 3 seeds); Taobao and Criteo: within noise. Set 0.7 where the
-    leaves cost a teacher that already led. Not with `margin` on a network that reads the leaves
-    (a fitted row's margin would be 0)."""
+    fit_share: float | Literal["auto"] = "auto"
+    """Cross-fitting: the share of the train split's rows the trees are fitted on, in (0, 1], or
+    `auto`. A train row is in the share when the hash of its example id
+    (`lattice.trees.leaves.fit_fraction`: sha256 of `<example_id>|trees-fit`, independent of the
+    split's own hash) is below it, whatever the table's order or partitioning. Below 1, `lattice
+    trees fit` reads only those rows (validation still stops it early) and records the share, the
+    row counts and the rule in its manifest and lineage; while a network trains, those rows get an
+    empty bag of leaf ids (a zero token under `mean` pooling), so the leaf embeddings learn only
+    from train rows the trees never saw. Validation, test, scoring and serving rows keep their leaf
+    ids. A model follows the fit it carries; a fit or model.pt made before this key existed is a
+    share of 1. `auto` (the default) fits on every train row, measures each booster's optimism
+    ((validation NE - NE on its own rows) / validation NE) and refits on 0.7 of the rows when one
+    exceeds 0.04, or keeps every row when a network reading the leaves is in `margin` (its margin
+    needs them); the manifest says which and why. Chosen on the demo at 200k rows (optimism 0.053;
+    0.7 removes the leaves' cost there, conversion 0.9897 -> 0.9680, beyond noise) and Bank
+    Marketing's random split (0.031; every share below 1 costs beyond noise), confirmed on Bank's
+    time split (0.046: 0.7, better beyond noise), Taobao (0.038: 1) and Criteo (0.096: 0.7), both
+    within noise either way (docs/bench/tree-leaves.md, "fit_share: auto"). A fixed share below 1
+    is not allowed with `margin` on a network that reads the leaves (a fitted row's margin would
+    be 0)."""
     margin: list[Literal["teacher", "student"]] = Field(default_factory=lambda: ["student"])
     """Of the networks in `models` (others are ignored), those whose logits also start at the
     boosters' raw score: the sum of a row's leaf values, kept frozen in the model and the
@@ -556,16 +559,16 @@ class TreeLeaves(Strict):
 
     @field_validator("fit_share")
     @classmethod
-    def _a_share(cls, v: float) -> float:
-        if not 0.0 < v <= 1.0:  # NaN too
+    def _a_share(cls, v: float | str) -> float | str:
+        if v != "auto" and not 0.0 < v <= 1.0:  # NaN too
             raise ValueError(f"models.leaves.fit_share is the share of the train split's rows the trees are fitted on, "
-                             f"in (0, 1] (1: every train row); got {v}")
+                             f"in (0, 1] (1: every train row), or auto; got {v}")
         return v
 
     @model_validator(mode="after")
     def _cross_fit_without_margin(self) -> "TreeLeaves":
         both = [m for m in self.margin if m in self.models]
-        if self.fit_share < 1.0 and both:
+        if self.fit_share != "auto" and self.fit_share < 1.0 and both:
             raise ValueError(f"models.leaves.fit_share {self.fit_share} empties the leaf bags of the rows the trees were "
                              f"fitted on, which would zero their margin: take {both} out of models.leaves.margin "
                              f"(margin: []) or set fit_share: 1")

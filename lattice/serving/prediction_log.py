@@ -30,7 +30,7 @@ SPARE_CHUNKS = 2  # chunks allocated up front
 class PredictionLogWriter:
     def __init__(self, schema: LogSchema, root: Path, queue_records: int = 100_000, flush_seconds: float = 1.0,
                  flush_records: int = 5_000, on_write: Callable[[int, float], None] | None = None,
-                 compression: str = "lz4", part_format: str = "parquet"):
+                 compression: str = "lz4", part_format: str = "arrow"):
         self.schema = schema
         self.compression = compression
         self.part_format = part_format  # arrow: the monitor encodes the parquet (lattice.monitoring.compact)

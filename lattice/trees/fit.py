@@ -22,6 +22,7 @@ import numpy as np
 
 from lattice.config import PlatformConfig
 from lattice.data.loader import find_table, fit_dense_stats
+from lattice.evaluation.metrics import ne
 from lattice.models.gbdt import TreeFeatures, fit_booster, lgb_params
 from lattice.paths import Paths
 from lattice.training.gbdt_stage import read_rows
@@ -31,7 +32,21 @@ from lattice.trees.leaves import FIT_RULE, fitted_rows
 VERSION = 1
 
 
+AUTO_SHARE = 0.7
+"""The share `fit_share: auto` fits on when the forest over-fits its rows (0.7: the share measured
+on every dataset of docs/bench/tree-leaves.md, "Cross-fitting")."""
+AUTO_GAP = 0.04
+"""`fit_share: auto` cross-fits when a booster's validation NE exceeds its NE on its own fit rows
+by more than this share of the validation NE (the forest's optimism). Chosen between the demo at
+200k rows (conversion 0.053, where cross-fitting helps beyond noise) and Bank Marketing's random
+split (0.031, where it costs beyond noise); confirmed on Bank's time split, Taobao and Criteo
+(docs/bench/tree-leaves.md, "fit_share: auto")."""
+
+
 def fit_trees(config: PlatformConfig, paths: Paths, seed: int | None = None) -> dict:
+    """Fit the boosters at the config's `models.leaves.fit_share`; at `auto`, first on every train
+    row, then again on `AUTO_SHARE` of them when a booster's optimism exceeds `AUTO_GAP` (or
+    always every row when a network reading the leaves also starts at their margin)."""
     started = time.perf_counter()
     leaves = config.models.leaves
     base = config.models.baselines.trees
@@ -39,14 +54,45 @@ def fit_trees(config: PlatformConfig, paths: Paths, seed: int | None = None) -> 
     seed = config.training.seed if seed is None else seed
     params = lgb_params(settings, seed, settings.num_threads or machine_threads())
     table = find_table(paths)
+    stats = fit_dense_stats(config, table)
+    arrs, split = read_rows(config, table, stats)
+
+    def at(share: float) -> dict:
+        return _fit_at(config, paths, share, params, settings, stats, arrs, split)
+
+    if leaves.fit_share != "auto":
+        manifest = at(float(leaves.fit_share))
+    else:
+        manifest = at(1.0)
+        gaps = {o: b["optimism"] for o, b in manifest["boosters"].items() if b.get("optimism") is not None}
+        worst = max(gaps.values(), default=0.0)
+        margin = [m for m in leaves.margin if m in leaves.models]
+        if margin:
+            chose, why = 1.0, f"{margin} start at the trees' margin, which needs every train row's leaves"
+        elif worst > AUTO_GAP:
+            chose, why = AUTO_SHARE, f"optimism {worst:.4f} > {AUTO_GAP}: the forest over-fits its rows"
+        else:
+            chose, why = 1.0, f"optimism {worst:.4f} <= {AUTO_GAP}: the forest's own rows' leaves are near honest"
+        if chose < 1.0:
+            manifest = at(chose)
+        manifest["fit_share_auto"] = {"bound": AUTO_GAP, "optimism_at_share_1": gaps, "chose": chose, "why": why}
+    manifest["fit_share_setting"] = leaves.fit_share
+    manifest["seconds"] = time.perf_counter() - started
+    (paths.trees / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    return manifest
+
+
+def _fit_at(config: PlatformConfig, paths: Paths, share: float, params: dict, settings, stats, arrs: dict,
+            split: np.ndarray) -> dict:
+    """One fit at `share`, written under `paths.trees` (all but the manifest, which the caller
+    completes); each booster's `optimism` is (NE on validation - NE on its fit rows) / NE on
+    validation, at the rounds kept."""
+    leaves = config.models.leaves
     out = paths.trees
     shutil.rmtree(out, ignore_errors=True)
     (out / "boosters").mkdir(parents=True)
-    stats = fit_dense_stats(config, table)
     stats.save(out / "dense_stats.json")
-    arrs, split = read_rows(config, table, stats)
     train, valid = split == "train", split == "validation"
-    share = float(leaves.fit_share)
     fit = train.copy()
     fit[train] = fitted_rows(arrs["example_id"][train], share)  # cross-fitting: the share's rows only
     features = TreeFeatures.fit(config, [c.column for c in stats.columns], arrs, fit, settings.max_categories,
@@ -59,17 +105,28 @@ def fit_trees(config: PlatformConfig, paths: Paths, seed: int | None = None) -> 
         y = arrs[f"label:{o}"].astype(np.float64)
         f = fit_booster(params, settings, features, x[fit & labelled], y[fit & labelled],
                         x[valid & labelled], y[valid & labelled])
+        boosters[o] = f.describe()
         if f.booster is not None:
             f.booster.save_model(str(out / "boosters" / f"{o}.txt"), num_iteration=f.best_round)
-        boosters[o] = f.describe()
+            boosters[o]["optimism"] = _optimism(f, x, y, fit & labelled, valid & labelled)
     manifest = {"version": VERSION, "params": params, "num_trees": leaves.num_trees, "num_leaves": leaves.num_leaves,
                 "fit_share": share, "train_rows": int(train.sum()), "fit_rows": int(fit.sum()),
                 "held_out_train_rows": int((train & ~fit).sum()), "validation_rows": int(valid.sum()), "boosters": boosters,
-                "features": features.describe(), "seconds": time.perf_counter() - started}
+                "features": features.describe()}
     if share < 1.0:
         manifest["fit_rule"] = FIT_RULE
-    (out / "manifest.json").write_text(json.dumps(manifest, indent=1))
     return manifest
+
+
+def _optimism(f, x: np.ndarray, y: np.ndarray, fit: np.ndarray, valid: np.ndarray) -> float | None:
+    """How much better the booster scores its own fit rows than validation, as a share of the
+    validation NE (None without validation rows of both classes)."""
+    yv = y[valid]
+    if len(yv) == 0 or yv.min() == yv.max():
+        return None
+    p = lambda rows: f.booster.predict(x[rows], num_iteration=f.best_round)  # noqa: E731
+    on_valid = ne(yv, p(valid))
+    return round(float((on_valid - ne(y[fit], p(fit))) / on_valid), 6)
 
 
 def leaf_ids(paths: Paths, x: np.ndarray) -> dict[str, np.ndarray]:

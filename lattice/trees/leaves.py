@@ -107,6 +107,8 @@ class LeafForest:
                "fit_rows": manifest.get("fit_rows")}
         share = float(manifest.get("fit_share", 1.0))  # a fit made before cross-fitting: every train row
         fit["fit_share"] = share
+        if manifest.get("fit_share_setting") == "auto":  # the share the fit chose, and why
+            fit.update(fit_share_setting="auto", fit_share_auto=manifest["fit_share_auto"])
         if share < 1.0:  # the rule, into the lineage of every model that reads this fit
             digest.update(f"fit_share={share!r};{manifest['fit_rule']}".encode())
             fit["sha256"] = digest.hexdigest()
@@ -314,8 +316,13 @@ def forest_for(config, paths, kind: str, parent_blob: dict | None = None) -> Lea
         return LeafForest.from_blob(parent_blob["leaves"])
     hint = f"<config of {config.name!r}> --workdir {paths.workdir}"
     forest = LeafForest.load(paths.trees, config_hint=hint)
-    share = float(config.models.leaves.fit_share)
-    if forest.fit_share != share:  # the fit decides which train rows lose their leaf ids: it must be this config's
-        raise NoTreeFit(f"models.leaves.fit_share is {share} but the tree fit at {paths.trees} was fitted on a share of "
-                        f"{forest.fit_share} of the train rows; refit it with `lattice trees fit {hint}`")
+    setting = config.models.leaves.fit_share
+    # the fit decides which train rows lose their leaf ids: it must be this config's (at `auto`, a
+    # fit that chose its share itself)
+    if setting == "auto" and forest.fit.get("fit_share_setting") != "auto":
+        raise NoTreeFit(f"models.leaves.fit_share is auto but the tree fit at {paths.trees} was fitted on a fixed share "
+                        f"of {forest.fit_share} of the train rows; refit it with `lattice trees fit {hint}`")
+    if setting != "auto" and forest.fit_share != float(setting):
+        raise NoTreeFit(f"models.leaves.fit_share is {setting} but the tree fit at {paths.trees} was fitted on a share "
+                        f"of {forest.fit_share} of the train rows; refit it with `lattice trees fit {hint}`")
     return forest

@@ -308,7 +308,7 @@ def test_the_writer_spans_chunks_and_reuses_them(config, tmp_path):
         assert chunks[1] == chunks[0] and len(chunks[0]) == 3  # 9 rows took 3 chunks of 4; the second round allocated none
     finally:
         writer.close()
-    got = ds.dataset(tmp_path, partitioning="hive").to_table().column("request_id").to_pylist()
+    got = log_dataset(tmp_path).to_table().column("request_id").to_pylist()
     assert sorted(got) == sorted(sent) and len(got) == len(sent)
 
 
@@ -326,7 +326,7 @@ def test_rows_that_cannot_be_copied_are_counted_and_the_rest_kept(config, tmp_pa
         assert writer.dropped == {"record_error": 2} and writer.written == 1
     finally:
         writer.close()
-    assert ds.dataset(tmp_path, partitioning="hive").to_table().column("request_id").to_pylist() == ["ok0"]
+    assert log_dataset(tmp_path).to_table().column("request_id").to_pylist() == ["ok0"]
 
 
 def _cell(period: str, version: int = 7, count: int = 400, ne: float = 0.9, auc: float = 0.7, **kw) -> dict:

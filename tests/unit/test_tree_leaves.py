@@ -29,7 +29,7 @@ def _config(data_root: Path) -> PlatformConfig:
     trees = m.baselines.trees.model_copy(update={"num_threads": 1, "max_categories": 30})
     return cfg.model_copy(update={"models": m.model_copy(update={
         "baselines": m.baselines.model_copy(update={"trees": trees}),
-        "leaves": m.leaves.model_copy(update={"num_trees": 12, "num_leaves": 7})})})
+        "leaves": m.leaves.model_copy(update={"num_trees": 12, "num_leaves": 7, "fit_share": 1.0})})})
 
 
 def _fit_recording(cfg: PlatformConfig, paths: Paths) -> tuple[dict, list[tuple[int, int]]]:
@@ -574,7 +574,7 @@ def test_a_fit_share_out_of_range_is_a_config_error_and_a_stale_fit_is_refused(f
 
     d = yaml.safe_load((ROOT / "configs" / "demo.yaml").read_text())
     d.setdefault("models", {})["leaves"] = {"models": ["teacher"]}
-    assert parse_config(d, "x.yaml").models.leaves.fit_share == 1.0  # the default: every train row
+    assert parse_config(d, "x.yaml").models.leaves.fit_share == "auto"  # the default: the fit chooses
     for bad in (0, -0.5, 1.5, float("nan")):
         d["models"]["leaves"] = {"models": ["teacher"], "fit_share": bad}
         with pytest.raises(ConfigError, match=r"fit_share .*\(0, 1\]"):
@@ -611,3 +611,77 @@ def test_a_fit_or_model_made_before_fit_share_reads_every_train_row(fitted, tmp_
     arrs = {"example_id": np.array([f"e{i}" for i in range(50)]), "leaf:click": np.arange(100).reshape(50, 2)}
     forest.empty_fitted(arrs)
     np.testing.assert_array_equal(arrs["leaf:click"], np.arange(100).reshape(50, 2))  # nothing emptied
+
+
+# ---------------------------------------------------------------- fit_share: auto
+
+
+@pytest.fixture(scope="module")
+def auto_table(tmp_path_factory):
+    base = tmp_path_factory.mktemp("auto")
+    cfg = _shared(_config(base / "raw"), "auto")
+    generate(cfg, 4_000, base / "raw", progress=False)
+    paths = Paths.for_config(cfg, base / "work")
+    write_local_table(cfg, paths, row_group_size=700)
+    return cfg, paths
+
+
+def test_auto_measures_the_forests_optimism_and_keeps_every_row_below_the_bound(auto_table, monkeypatch) -> None:
+    from lattice.data.loader import find_table
+    from lattice.evaluation.metrics import ne
+    from lattice.trees import fit as F
+
+    cfg, paths = auto_table
+    monkeypatch.setattr(F, "AUTO_GAP", 10.0)
+    manifest = fit_trees(_leaves_on(cfg, ["teacher"]), paths)
+    auto = manifest["fit_share_auto"]
+    assert manifest["fit_share"] == 1.0 and auto["chose"] == 1.0 and "<= 10.0" in auto["why"]
+    assert manifest["fit_share_setting"] == "auto" and "fit_rule" not in manifest
+    # the optimism is the booster's own: (NE on validation - NE on its fit rows) / NE on validation
+    stats = DenseStats.load(paths.trees / "dense_stats.json")
+    arrs, split = read_rows(cfg, find_table(paths), stats)
+    features = TreeFeatures.fit(cfg, [c.column for c in stats.columns], arrs, split == "train",
+                                cfg.models.baselines.trees.max_categories, with_domain=True)
+    x = features.matrix(arrs)
+    assert auto["optimism_at_share_1"]
+    for o, got in auto["optimism_at_share_1"].items():
+        p = lgb.Booster(model_file=str(paths.trees / "boosters" / f"{o}.txt")).predict(x)
+        lab, y = arrs[f"mask:{o}"] > 0, arrs[f"label:{o}"].astype(float)
+        t, v = (split == "train") & lab, (split == "validation") & lab
+        assert got == pytest.approx((ne(y[v], p[v]) - ne(y[t], p[t])) / ne(y[v], p[v]), abs=1e-6)
+        assert got > 0  # 12 trees on a few thousand rows see their own rows better
+
+
+def test_auto_refits_an_over_fitting_forest_on_a_share_and_a_model_follows_it(auto_table, monkeypatch) -> None:
+    from lattice.trees import fit as F
+    from lattice.trees.leaves import LeafForest, NoTreeFit, forest_for
+
+    cfg, paths = auto_table
+    monkeypatch.setattr(F, "AUTO_GAP", 0.0)
+    on = _leaves_on(cfg, ["teacher"])
+    manifest, seen = _fit_recording(on, paths)
+    n = len([o for o in cfg.objective_names])
+    assert len(seen) == 2 * n and all(a[0] > b[0] for a, b in zip(seen[:n], seen[n:]))  # every row, then the share
+    assert manifest["fit_share"] == F.AUTO_SHARE and manifest["fit_share_auto"]["chose"] == F.AUTO_SHARE
+    assert "> 0.0" in manifest["fit_share_auto"]["why"] and "trees-fit" in manifest["fit_rule"]
+    on_disk = json.loads((paths.trees / "manifest.json").read_text())
+    assert on_disk["fit_share"] == F.AUTO_SHARE and on_disk["fit_rows"] < on_disk["train_rows"]
+    forest = forest_for(on, paths, "teacher")  # auto accepts the share its fit chose
+    assert forest.fit_share == F.AUTO_SHARE and forest.fit["fit_share_auto"]["chose"] == F.AUTO_SHARE
+    assert forest_for(_shared(on, F.AUTO_SHARE), paths, "teacher").fit_share == F.AUTO_SHARE  # the same share, fixed
+    with pytest.raises(NoTreeFit, match="fit_share is 1.0 .*share of 0.7"):
+        forest_for(_shared(on, 1.0), paths, "teacher")
+    # a fixed-share fit is not what auto asked for
+    fit_trees(_shared(on, F.AUTO_SHARE), paths)
+    assert LeafForest.load(paths.trees).fit_share == F.AUTO_SHARE
+    with pytest.raises(NoTreeFit, match="fit_share is auto .*fixed share of 0.7.*lattice trees fit"):
+        forest_for(on, paths, "teacher")
+
+
+def test_auto_keeps_every_row_when_a_network_reading_the_leaves_starts_at_their_margin(auto_table, monkeypatch) -> None:
+    from lattice.trees import fit as F
+
+    cfg, paths = auto_table
+    monkeypatch.setattr(F, "AUTO_GAP", 0.0)
+    manifest = fit_trees(_leaves_on(cfg, ["teacher", "student"], margin=True), paths)
+    assert manifest["fit_share"] == 1.0 and "margin" in manifest["fit_share_auto"]["why"]
