@@ -315,6 +315,32 @@ def run_dataset(name: str, args) -> dict:
         return {"fit_share_auto": m_auto["fit_share_auto"],
                 "trees": {o: b["best_round"] for o, b in m_auto["boosters"].items()}}
 
+    if args.both_networks:  # the usual config (leaves in both, the student on their margin) at share 1 and at auto
+        from lattice.training.stages import score
+
+        both: dict[str, list[dict]] = {}
+        for share in (1.0, "auto"):
+            cfg = with_leaves(config, ["teacher", "student"], args.num_trees, args.num_leaves, margin=("student",),
+                              pooling=args.pooling, fit_share=share)
+            m_b = fit(cfg, share)
+            tag = "auto" if share == "auto" else "1"
+            for seed in args.seeds:
+                print(f"[{name}] seed {seed}, both networks, fit share {share} ({m_b['fit_share']:g})", flush=True)
+                both.setdefault(f"teacher, share {tag}", []).append(run_one(seeded(cfg, seed), paths, f"teacher@b{tag}", args.epochs))
+                scores = score(seeded(cfg, seed), paths, f"teacher@b{tag}", "all", progress=False)
+                both.setdefault(f"student + margin, share {tag}", []).append(
+                    run_one(seeded(cfg, seed), paths, f"student@b{tag}", args.epochs, teacher_scores=scores))
+        print(f"\n[{name}] both networks read the leaves, the student on their margin (mean over seeds {args.seeds})\n"
+              + table(config, both) + "\n", flush=True)
+        found = {k: versus_reference(config, {r: v for r, v in both.items() if r.startswith(k)}, reference=f"{k}, share 1")
+                 for k in ("teacher", "student + margin")}
+        for f in found.values():
+            print(f"paired intervals on seed {args.seeds[0]}'s test rows:\n" + versus_lines(f), flush=True)
+        for runs in both.values():
+            for r in runs:
+                r.pop("test_predictions", None)
+        return {"both_networks": both, "versus_share_1": found}
+
     rows: dict[str, list[dict]] = {}
     crossfit = {}
     for share in args.fit_shares:  # cross-fitting: the teacher with leaves of trees fitted on a share of the train rows
@@ -411,6 +437,8 @@ def main() -> None:
                    help="models.leaves.fit_share: each share below 1 (or auto) also trains the teacher with leaves of trees fitted on "
                         "that share of the train rows (cross-fitting), against the reference teacher with leaves (share 1)")
     p.add_argument("--no-boosters", action="store_true", help="skip gbdt and LightGBM default")
+    p.add_argument("--both-networks", action="store_true",
+                   help="leaves in the teacher and the student, the student on their margin: share 1 against auto")
     p.add_argument("--auto-only", action="store_true",
                    help="fit the trees at fit_share: auto only, and print the optimism it read and the share it chose")
     p.add_argument("--compare", default=None, metavar="REF=M1,M2",

@@ -274,9 +274,12 @@ class ExampleStream(IterableDataset):
                  rank: int = 0, world_size: int = 1, seed: int = 0, shuffle: bool = True,
                  teacher_scores: str | Path | None = None, with_truth: bool = False, buffer_rows: int | None = None,
                  cache_bytes: int = 0, label_cutoff: dt.datetime | None = None, days: DaySplits | None = None,
-                 leaves=None):
+                 leaves=None, cross_fit: bool = True):
         self.config, self.root, self.stats, self.split = config, Path(root), stats, split
         self.leaves = leaves  # a LeafForest: every row also gets its leaf ids (lattice.trees.leaves)
+        # train rows the trees were fitted on get empty leaf bags (False: a network starting at the
+        # trees' margin, which needs every row's leaves)
+        self.cross_fit = cross_fit
         # labels as known at this instant (lattice.data.label_time); None: the final labels
         self.label_cutoff = label_cutoff
         self.days = days  # a windowed run: date -> split (lattice.data.window)
@@ -354,7 +357,7 @@ class ExampleStream(IterableDataset):
         if not keep.any():
             return None
         arrs = enc.encode(tbl, part, keep)
-        if self.split == "train" and self.leaves is not None:  # cross-fitting: no leaf ids on rows the trees were fitted on
+        if self.split == "train" and self.leaves is not None and self.cross_fit:  # no leaf ids on the trees' own rows
             self.leaves.empty_fitted(arrs)
         for o, (lab, msk) in heads.items():  # one 1-D column per head, so `pack` ships them as it does labels
             for k in range(lab.shape[1]):
@@ -450,12 +453,12 @@ class BatchLoader:
                  rank: int = 0, world_size: int = 1, seed: int | None = None, shuffle: bool | None = None,
                  num_workers: int | None = None, teacher_scores: str | Path | None = None, with_truth: bool = False,
                  cache: bool = False, label_cutoff: dt.datetime | None = None, days: DaySplits | None = None,
-                 leaves=None):
+                 leaves=None, cross_fit: bool = True):
         self.config = config
         self.stream = ExampleStream(
             config, root, stats, split, batch_size or config.training.batch_size, rank, world_size,
             config.training.seed if seed is None else seed, split == "train" if shuffle is None else shuffle,
-            teacher_scores, with_truth, label_cutoff=label_cutoff, days=days, leaves=leaves,
+            teacher_scores, with_truth, label_cutoff=label_cutoff, days=days, leaves=leaves, cross_fit=cross_fit,
         )
         nw = config.training.num_workers if num_workers is None else num_workers
         self.num_workers = min(nw, len(self.stream.units))

@@ -238,7 +238,8 @@ class Trainer:
         return BatchLoader(self.config, Path(self.spec.table), self.stats, split, batch_size=per_rank, rank=self.rank,
                            world_size=self.world, seed=self.spec.seed, teacher_scores=self.spec.teacher_scores if split == "train" else None,
                            with_truth=with_truth, cache=split in REREAD_SPLITS, days=self.days,
-                           label_cutoff=self._label_cutoff(split), leaves=self.forest)
+                           label_cutoff=self._label_cutoff(split), leaves=self.forest,
+                           cross_fit=self.kind not in self.config.models.leaves.margin)
 
     def _label_cutoff(self, split: str):
         """A windowed run learns (train) and stops early (validation) on the labels known when it

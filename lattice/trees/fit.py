@@ -9,7 +9,8 @@ Cross-fitting (`models.leaves.fit_share` below 1): the boosters and their sparse
 fitted only on the train rows whose `lattice.trees.leaves.fit_fraction` is below the share, a
 rule of the example id alone (no row order, no partitioning), and a network that reads the leaves
 gives exactly those rows an empty leaf bag while it trains (`LeafForest.empty_fitted`, applied by
-the training loader), so its leaf embeddings learn only from rows the trees never saw."""
+the training loader), so its leaf embeddings learn only from rows the trees never saw; a network
+that starts at the trees' margin (`models.leaves.margin`) reads every row's leaves instead."""
 
 from __future__ import annotations
 
@@ -45,8 +46,7 @@ split (0.031, where it costs beyond noise); confirmed on Bank's time split, Taob
 
 def fit_trees(config: PlatformConfig, paths: Paths, seed: int | None = None) -> dict:
     """Fit the boosters at the config's `models.leaves.fit_share`; at `auto`, first on every train
-    row, then again on `AUTO_SHARE` of them when a booster's optimism exceeds `AUTO_GAP` (or
-    always every row when a network reading the leaves also starts at their margin)."""
+    row, then again on `AUTO_SHARE` of them when a booster's optimism exceeds `AUTO_GAP`."""
     started = time.perf_counter()
     leaves = config.models.leaves
     base = config.models.baselines.trees
@@ -66,10 +66,7 @@ def fit_trees(config: PlatformConfig, paths: Paths, seed: int | None = None) -> 
         manifest = at(1.0)
         gaps = {o: b["optimism"] for o, b in manifest["boosters"].items() if b.get("optimism") is not None}
         worst = max(gaps.values(), default=0.0)
-        margin = [m for m in leaves.margin if m in leaves.models]
-        if margin:
-            chose, why = 1.0, f"{margin} start at the trees' margin, which needs every train row's leaves"
-        elif worst > AUTO_GAP:
+        if worst > AUTO_GAP:
             chose, why = AUTO_SHARE, f"optimism {worst:.4f} > {AUTO_GAP}: the forest over-fits its rows"
         else:
             chose, why = 1.0, f"optimism {worst:.4f} <= {AUTO_GAP}: the forest's own rows' leaves are near honest"

@@ -579,10 +579,7 @@ def test_a_fit_share_out_of_range_is_a_config_error_and_a_stale_fit_is_refused(f
         d["models"]["leaves"] = {"models": ["teacher"], "fit_share": bad}
         with pytest.raises(ConfigError, match=r"fit_share .*\(0, 1\]"):
             parse_config(d, "x.yaml")
-    d["models"]["leaves"] = {"models": ["teacher", "student"], "fit_share": 0.5}  # the student's margin (the default)
-    with pytest.raises(ConfigError, match="margin"):
-        parse_config(d, "x.yaml")
-    d["models"]["leaves"] = {"models": ["teacher", "student"], "fit_share": 0.5, "margin": []}
+    d["models"]["leaves"] = {"models": ["teacher", "student"], "fit_share": 0.5}  # the student on the margin: it reads every row
     assert parse_config(d, "x.yaml").models.leaves.fit_share == 0.5
     cfg, paths, _, _ = fitted  # fitted on every train row: a config asking for half is refused, naming the refit
     with pytest.raises(NoTreeFit, match=r"fit_share is 0.5 .*lattice trees fit"):
@@ -678,10 +675,35 @@ def test_auto_refits_an_over_fitting_forest_on_a_share_and_a_model_follows_it(au
         forest_for(on, paths, "teacher")
 
 
-def test_auto_keeps_every_row_when_a_network_reading_the_leaves_starts_at_their_margin(auto_table, monkeypatch) -> None:
-    from lattice.trees import fit as F
+def test_a_network_on_the_margin_reads_every_train_rows_leaves_under_a_cross_fit(cross_fitted, monkeypatch) -> None:
+    """A network that starts at the trees' margin needs every row's leaves (an empty bag would zero
+    its margin): the loader empties the fitted rows' bags only for the others."""
+    from lattice.data.loader import BatchLoader, find_table, fit_dense_stats
+    from lattice.trees.leaves import LeafForest, leaf_key
+    from lattice.training import loop
+    from lattice.training.stages import train
 
-    cfg, paths = auto_table
-    monkeypatch.setattr(F, "AUTO_GAP", 0.0)
-    manifest = fit_trees(_leaves_on(cfg, ["teacher", "student"], margin=True), paths)
-    assert manifest["fit_share"] == 1.0 and "margin" in manifest["fit_share_auto"]["why"]
+    cfg, paths, _, _ = cross_fitted
+    forest = LeafForest.load(paths.trees)
+    table = find_table(paths)
+    key = leaf_key(sorted(forest.fit["trees"])[0])
+    lengths = {}
+    for cross_fit in (True, False):
+        lengths[cross_fit] = np.concatenate([
+            b.sparse.to_dict()[key].lengths().numpy()
+            for b in BatchLoader(cfg, table, fit_dense_stats(cfg, table), "train", batch_size=500, num_workers=0,
+                                 leaves=forest, cross_fit=cross_fit)])
+    assert (lengths[True] == 0).sum() > 300 and (lengths[False] > 0).all()
+    seen: dict[str, set] = {}
+    real = loop.BatchLoader
+
+    def recording(*args, **kwargs):
+        seen.setdefault(args[3], set()).add(kwargs["cross_fit"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(loop, "BatchLoader", recording)
+    train(_leaves_on(cfg, ["teacher"], margin=True), paths, model="teacher@m", nproc=1, epochs=1, progress=False)
+    assert seen["train"] == {False}
+    seen.clear()
+    train(_leaves_on(cfg, ["teacher"]), paths, model="teacher@nm", nproc=1, epochs=1, progress=False)
+    assert seen["train"] == {True}
