@@ -319,20 +319,24 @@ def run_dataset(name: str, args) -> dict:
         from lattice.training.stages import score
 
         both: dict[str, list[dict]] = {}
-        for share in (1.0, "auto"):
-            cfg = with_leaves(config, ["teacher", "student"], args.num_trees, args.num_leaves, margin=("student",),
-                              pooling=args.pooling, fit_share=share)
-            m_b = fit(cfg, share)
-            tag = "auto" if share == "auto" else "1"
+        for share in (1.0, "auto") + (() if args.no_plain else (None,)):  # None: no leaves at all
+            if share is None:
+                cfg, tag = config, "none"
+            else:
+                cfg = with_leaves(config, ["teacher", "student"], args.num_trees, args.num_leaves, margin=("student",),
+                                  pooling=args.pooling, fit_share=share)
+                m_b = fit(cfg, share)
+                tag = "auto" if share == "auto" else "1"
             for seed in args.seeds:
-                print(f"[{name}] seed {seed}, both networks, fit share {share} ({m_b['fit_share']:g})", flush=True)
+                print(f"[{name}] seed {seed}, both networks, fit share {tag}", flush=True)
                 both.setdefault(f"teacher, share {tag}", []).append(run_one(seeded(cfg, seed), paths, f"teacher@b{tag}", args.epochs))
                 scores = score(seeded(cfg, seed), paths, f"teacher@b{tag}", "all", progress=False)
                 both.setdefault(f"student + margin, share {tag}", []).append(
                     run_one(seeded(cfg, seed), paths, f"student@b{tag}", args.epochs, teacher_scores=scores))
         print(f"\n[{name}] both networks read the leaves, the student on their margin (mean over seeds {args.seeds})\n"
               + table(config, both) + "\n", flush=True)
-        found = {k: versus_reference(config, {r: v for r, v in both.items() if r.startswith(k)}, reference=f"{k}, share 1")
+        # share "none": the networks without leaves (the student then has no margin either)
+        found = {k: versus_reference(config, {r: v for r, v in both.items() if r.startswith(k)}, reference=f"{k}, share auto")
                  for k in ("teacher", "student + margin")}
         for f in found.values():
             print(f"paired intervals on seed {args.seeds[0]}'s test rows:\n" + versus_lines(f), flush=True)

@@ -18,12 +18,17 @@ from tiny_dags import write_tiny_config
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _specs(path: Path = ROOT / "configs" / "demo.yaml"):
-    return {s.family: s for s in dag_specs(load_config(path))}
+def _specs(path: Path = ROOT / "configs" / "demo.yaml", leaves: bool = True):
+    config = load_config(path, [] if leaves else ["models.leaves.models=[]"])
+    return {s.family: s for s in dag_specs(config)}
 
 
 def test_features_spark_steps_are_one_task_and_other_families_one_task_a_step() -> None:
-    specs = _specs()
+    # the trees' fit (models.leaves, on by default) is a task of its own between the Spark steps
+    with_trees = [t.task_id for t in _specs()["features"].airflow_tasks]
+    assert with_trees == ["synthesize_raw_logs", "consolidate_to_training_set", "fit_trees", "materialize"]
+    assert _specs()["features"].airflow_tasks[-1].last.outlet == "features"
+    specs = _specs(leaves=False)
     features = specs["features"].airflow_tasks
     assert [t.task_id for t in features] == ["synthesize_raw_logs", "consolidate_to_materialize"]
     group = features[1]

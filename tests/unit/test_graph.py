@@ -60,12 +60,11 @@ def test_config_decides_the_optional_steps(demo) -> None:
     assert "synthesize_raw_logs" not in ids
     # the fit runs on the training set and before the features asset is announced
     assert ids.index("training_set") < ids.index("fit_hashing") < ids.index("materialize")
-    assert "fit_trees" not in ids
-    # leaf ids (models.leaves): the trees are fitted on the training set before the features asset
-    m = fitted.models
-    leaves = fitted.model_copy(update={"models": m.model_copy(update={"leaves": m.leaves.model_copy(update={"models": ["teacher"]})})})
-    ids = [s.task_id for s in pipeline(leaves)]
+    # leaf ids (models.leaves, on by default): the trees are fitted on the training set before the features asset
     assert ids.index("training_set") < ids.index("fit_trees") < ids.index("materialize") < ids.index("train_teacher")
+    m = fitted.models
+    off = fitted.model_copy(update={"models": m.model_copy(update={"leaves": m.leaves.model_copy(update={"models": []})})})
+    assert "fit_trees" not in [s.task_id for s in pipeline(off)]
 
 
 def test_select_by_step_and_family(demo) -> None:
@@ -104,7 +103,7 @@ def test_scheduled_runs_take_their_day_manual_runs_keep_the_form(demo) -> None:
 def test_features_stage_runs_the_graphs_feature_jobs_in_its_order(demo) -> None:
     from pipelines.stages import chain
 
-    assert chain(demo) == [s.stage for s in steps_of(demo, "features") if s.stage not in ("synth", "hashing_fit")]
+    assert chain(demo) == [s.stage for s in steps_of(demo, "features") if s.stage not in ("synth", "hashing_fit", "trees_fit")]
 
 
 def test_cli_lists_the_graph(demo, capsys) -> None:
