@@ -46,6 +46,9 @@ def tiny_config(data_root: Path) -> PlatformConfig:
         # encoding; with `ple` (the default since) both nets gain and the margin is within noise
         "student": m.student.model_copy(update=dict(embedding_dim=4, table_scale=0.25, num_layers=1, num_tokens=2, fm_rank=2,
                                                     head_dims=[16], numeric="none")),
+        # the leaf features (on by default) have their own tests; these workdirs are built without
+        # `lattice features`, which is where the pipeline fits the trees
+        "leaves": m.leaves.model_copy(update={"models": []}),
     })
     promotion = cfg.promotion.model_copy(update={
         "calibration": (0.5, 2.0), "max_latency_ms": 1000.0,
