@@ -290,6 +290,8 @@ def run_dataset(name: str, args) -> dict:
     m = config.models
     trees = m.baselines.trees.model_copy(update={"num_threads": args.tree_threads})
     config = config.model_copy(update={"models": m.model_copy(update={"baselines": m.baselines.model_copy(update={"trees": trees})})})
+    # the networks without leaves: the config's default has them on (since 2026-12-07)
+    config = with_leaves(config, [], args.num_trees, args.num_leaves)
     on = with_leaves(config, ["teacher", "student"], args.num_trees, args.num_leaves, pooling=args.pooling)
     margin = with_leaves(config, ["teacher", "student"], args.num_trees, args.num_leaves, margin=("teacher", "student"),
                          pooling=args.pooling)
@@ -333,8 +335,22 @@ def run_dataset(name: str, args) -> dict:
                 scores = score(seeded(cfg, seed), paths, f"teacher@b{tag}", "all", progress=False)
                 both.setdefault(f"student + margin, share {tag}", []).append(
                     run_one(seeded(cfg, seed), paths, f"student@b{tag}", args.epochs, teacher_scores=scores))
+        for extra in args.others:  # e.g. separate: the student's share of the teacher's gain over it
+            for seed in args.seeds:
+                both.setdefault(extra, []).append(run_one(seeded(config, seed), paths, extra, args.epochs))
         print(f"\n[{name}] both networks read the leaves, the student on their margin (mean over seeds {args.seeds})\n"
               + table(config, both) + "\n", flush=True)
+        if "separate" in both:  # the goal: the student keeps 90% of the teacher's gain over separate models
+            mean = lambda rows, o: float(np.mean([r["by_objective"][o] for r in rows]))  # noqa: E731
+            for o in config.objective_names:
+                sep = mean(both["separate"], o)
+                for tag in ("auto", "none"):
+                    t, s_ = f"teacher, share {tag}", f"student + margin, share {tag}"
+                    if t in both and s_ in both:
+                        gain = sep - mean(both[t], o)
+                        kept = (sep - mean(both[s_], o)) / gain if gain > 0 else float("nan")
+                        print(f"  {o}, share {tag}: teacher's gain over separate {gain:+.4f}, the student keeps {kept:.0%}",
+                              flush=True)
         # share "none": the networks without leaves (the student then has no margin either)
         found = {k: versus_reference(config, {r: v for r, v in both.items() if r.startswith(k)}, reference=f"{k}, share auto")
                  for k in ("teacher", "student + margin")}

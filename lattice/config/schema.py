@@ -500,9 +500,10 @@ class TreeLeaves(Strict):
     (2 seeds each): against the same networks without leaves, the served student was better beyond
     noise on Bank (both splits), Criteo and demo click, within noise on demo conversion and Taobao,
     and never worse beyond noise; the teacher better beyond noise on Bank, within noise elsewhere
-    (docs/bench/tree-leaves.md, "On by default"). Costs: the `fit_trees` task (seconds), LightGBM
-    in the serving process, about 0.15 ms of CPU per single request. Before training outside the
-    pipeline: `lattice trees fit CONFIG` after `lattice features`."""
+    (docs/bench/tree-leaves.md, "On by default"). Costs: the `fit_trees` task (seconds; the teacher
+    DAG's first, on the teacher's days), LightGBM in the serving process, about 0.15 ms of CPU per
+    single request. Before training outside the pipeline: `lattice trees fit CONFIG [--end DATE]`
+    after `lattice features`."""
     num_trees: int = Field(default=50, ge=1)
     """Most trees fitted per objective (early stopping on validation may keep fewer), hence leaf
     ids per row and objective."""

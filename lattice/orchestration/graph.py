@@ -111,11 +111,6 @@ def _features(config: PlatformConfig) -> list[TaskSpec]:
         steps.append(TaskSpec("fit_hashing", "hashing_fit",
                               "Fit the id -> row maps of the vocab / mixed / learned sparse features on the training split.",
                               forward={"spark_master": "master"}, reads=("training_set",), writes=("hashing",)))
-    if config.models.leaves.models:
-        # training a model that reads leaf ids refuses a missing fit: fitted before the features asset
-        steps.append(TaskSpec("fit_trees", "trees_fit",
-                              "Fit the LightGBM boosters whose leaf ids feed the teacher / student (models.leaves) on the training split.",
-                              reads=("training_set",), writes=("trees",)))
     steps.append(TaskSpec("materialize", "materialize", "Load the latest feature values into the online store.",
                           forward=days, outlet="features", reads=("feast_repo",), writes=("online_store",)))
     return [_in(s, "features") for s in steps]
@@ -155,7 +150,16 @@ def _baselines(config: PlatformConfig) -> list[TaskSpec]:
 
 
 def _train_teacher(config: PlatformConfig) -> list[TaskSpec]:
+    # the trees whose leaf ids the teacher / student read (models.leaves), fitted right before the
+    # teacher on its own days (`end`, training.window): a forest fitted with the feature days
+    # could have seen the labels of the window's validation and test rows
+    trees = [TaskSpec("fit_trees", "trees_fit",
+                      "Fit the LightGBM boosters whose leaf ids feed the teacher / student (models.leaves) on the "
+                      "teacher's train split (a windowed run's train days), validation only to stop early.",
+                      forward={"end": "end", "validation_share": "validation_share"},
+                      reads=("training_set",), writes=("trees",))] if config.models.leaves.models else []
     steps = [
+        *trees,
         _model_task("train_teacher", "train", "Sharded teacher training under torchrun on the training set.",
                     forward={**TRAINING, "warm_start": "warm_start", "validation_share": "validation_share"},
                     fixed={"model": "teacher"}, replaces_model="teacher",

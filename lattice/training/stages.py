@@ -82,9 +82,7 @@ def train(config: PlatformConfig, paths: Paths, model: str = "teacher", nproc: i
     table = find_table(paths)
     from lattice.trees.leaves import forest_for
 
-    forest_for(config, paths, kind_of(model))  # leaves on and no tree fit: refused before anything moves
     out = paths.model_dir(model)
-    out.mkdir(parents=True, exist_ok=True)
     from lattice.data.window import resolve as resolve_window
     from lattice.training import lineage, warm_start as ws
 
@@ -94,6 +92,9 @@ def train(config: PlatformConfig, paths: Paths, model: str = "teacher", nproc: i
     parent = ws.find_parent(config, paths, model, mode) if mode != "none" else None
     if mode != "none" and parent is None:
         logging.getLogger(__name__).info("warm start %s: no parent model yet; %s trains from scratch", mode, model)
+    if parent is None:  # leaves on and no tree fit of this window: refused before anything moves
+        forest_for(config, paths, kind_of(model), window=window, validation_share=validation_share)
+    out.mkdir(parents=True, exist_ok=True)
     if not resume:
         (out / "warm_maps.pt").unlink(missing_ok=True)  # a previous warm start's refit, never this run's
     if validation_share is not None and not 0 < validation_share <= 1:
@@ -151,7 +152,7 @@ def train(config: PlatformConfig, paths: Paths, model: str = "teacher", nproc: i
         from lattice.models import build_model
 
         grown = ws.grown_tables(blob.get("hashing") or {}, maps)
-        parent_forest = forest_for(config, paths, kind_of(model), blob)
+        parent_forest = forest_for(config, paths, kind_of(model), blob, window, validation_share)
         plain = build_model(config, kind_of(model), len(DenseStats.load(stats_path).columns), fitted=maps or None,
                             leaves=parent_forest.spec() if parent_forest is not None else None)
         ws.check_compatible(plain, blob, config, kind_of(model), grown)

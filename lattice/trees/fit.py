@@ -44,9 +44,20 @@ split (0.031, where it costs beyond noise); confirmed on Bank's time split, Taob
 (docs/bench/tree-leaves.md, "fit_share: auto")."""
 
 
-def fit_trees(config: PlatformConfig, paths: Paths, seed: int | None = None) -> dict:
+def fit_trees(config: PlatformConfig, paths: Paths, seed: int | None = None, end: str | None = None,
+              data_end: str | None = None, validation_share: float | None = None) -> dict:
     """Fit the boosters at the config's `models.leaves.fit_share`; at `auto`, first on every train
-    row, then again on `AUTO_SHARE` of them when a booster's optimism exceeds `AUTO_GAP`."""
+    row, then again on `AUTO_SHARE` of them when a booster's optimism exceeds `AUTO_GAP`.
+
+    `end` / `data_end`: a windowed run's interval end (training.window), the same the teacher's
+    `train` takes: the boosters fit on the window's train days and stop on its validation day, so
+    a forest never saw the labels of the rows its network is validated or tested on (with the
+    stored split instead, the rows of every day marked train, the window's validation and test
+    days included). The manifest records the window; training refuses a forest of another one.
+    `validation_share`: the run's share of the newest day held out (training.window_validation
+    unless a retrain overrides it, as `train` takes it)."""
+    from lattice.data.window import resolve as resolve_window
+
     started = time.perf_counter()
     leaves = config.models.leaves
     base = config.models.baselines.trees
@@ -54,8 +65,12 @@ def fit_trees(config: PlatformConfig, paths: Paths, seed: int | None = None) -> 
     seed = config.training.seed if seed is None else seed
     params = lgb_params(settings, seed, settings.num_threads or machine_threads())
     table = find_table(paths)
-    stats = fit_dense_stats(config, table)
-    arrs, split = read_rows(config, table, stats)
+    window = resolve_window(config, table, end or data_end)
+    # every train day of the window, as the gbdt baseline: a forest is never warm-started
+    held_out = config.training.window_validation if validation_share is None else validation_share
+    days = window.splits(validation_share=held_out) if window is not None else None
+    stats = fit_dense_stats(config, table, days)
+    arrs, split = read_rows(config, table, stats, days)
 
     def at(share: float) -> dict:
         return _fit_at(config, paths, share, params, settings, stats, arrs, split)
@@ -74,6 +89,7 @@ def fit_trees(config: PlatformConfig, paths: Paths, seed: int | None = None) -> 
             manifest = at(chose)
         manifest["fit_share_auto"] = {"bound": AUTO_GAP, "optimism_at_share_1": gaps, "chose": chose, "why": why}
     manifest["fit_share_setting"] = leaves.fit_share
+    manifest["window"] = {**window.to_json(), "validation_share": held_out} if window is not None else None
     manifest["seconds"] = time.perf_counter() - started
     (paths.trees / "manifest.json").write_text(json.dumps(manifest, indent=1))
     return manifest

@@ -107,6 +107,7 @@ class LeafForest:
                "fit_rows": manifest.get("fit_rows")}
         share = float(manifest.get("fit_share", 1.0))  # a fit made before cross-fitting: every train row
         fit["fit_share"] = share
+        fit["window"] = manifest.get("window")  # a windowed run's days (training.window), else None
         if manifest.get("fit_share_setting") == "auto":  # the share the fit chose, and why
             fit.update(fit_share_setting="auto", fit_share_auto=manifest["fit_share_auto"])
         if share < 1.0:  # the rule, into the lineage of every model that reads this fit
@@ -304,10 +305,13 @@ def _num_trees(model_text: str) -> int:
     return sum(1 for line in model_text.splitlines() if line.startswith("Tree="))
 
 
-def forest_for(config, paths, kind: str, parent_blob: dict | None = None) -> LeafForest | None:
+def forest_for(config, paths, kind: str, parent_blob: dict | None = None, window=None,
+               validation_share: float | None = None) -> LeafForest | None:
     """The tree fit model `kind` reads (None when models.leaves leaves it out): a warm start keeps
     its parent's (the leaf ids its tables learned), else the work folder's `lattice trees fit`.
-    No fit: NoTreeFit naming the command."""
+    No fit: NoTreeFit naming the command. `window`: the run's TrainWindow (training.window); the
+    work folder's fit must have been fitted on the same days (NoTreeFit otherwise); `validation_share`:
+    the run's share of the newest day held out (default training.window_validation)."""
     from lattice.models.build import reads_leaves
 
     if not reads_leaves(config, kind):
@@ -325,4 +329,24 @@ def forest_for(config, paths, kind: str, parent_blob: dict | None = None) -> Lea
     if setting != "auto" and forest.fit_share != float(setting):
         raise NoTreeFit(f"models.leaves.fit_share is {setting} but the tree fit at {paths.trees} was fitted on a share "
                         f"of {forest.fit_share} of the train rows; refit it with `lattice trees fit {hint}`")
+    if window is not None:
+        held_out = config.training.window_validation if validation_share is None else validation_share
+        _same_window(forest, window, paths, hint, held_out)
     return forest
+
+
+def _same_window(forest: LeafForest, window, paths, hint: str, validation_share: float) -> None:
+    """A windowed run reads only a forest fitted on its own days: one fitted on the stored split or
+    on another window may have learned the labels of this run's validation or test rows (a fit that
+    held out less of the newest day than the run holds out, too)."""
+    fitted, wanted = forest.fit.get("window"), window.to_json()
+    same_days = fitted is not None and fitted["train"] == wanted["train"] and fitted["validation"] == wanted["validation"]
+    if same_days and float(fitted.get("validation_share", 1.0)) >= validation_share:
+        return
+    on = (f"the window {fitted['train'][0]}..{fitted['validation']}" if fitted else "the table's stored split (no window)")
+    if same_days:
+        on += f" holding out {fitted.get('validation_share', 1.0):g} of its newest day (this run: {validation_share:g})"
+    raise NoTreeFit(f"the tree fit at {paths.trees} was fitted on {on}; this run trains on the window "
+                    f"{wanted['train'][0]}..{wanted['validation']} (training.window, interval end {wanted['end']}), so its "
+                    f"trees may have seen this run's validation or test labels. Refit them for this window: "
+                    f"`lattice trees fit {hint} --end {wanted['end']}` (the pipeline's fit_trees step does it)")

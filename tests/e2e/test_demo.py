@@ -18,14 +18,14 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
 # the pipeline graph's steps (the DAGs' tasks, in their order), then the demo's serving check
-STAGES = ["synthesize_raw_logs", "consolidate", "aggregates", "feast_apply", "training_set", "fit_trees", "materialize",
-          "train_teacher", "evaluate_teacher", "register_teacher", "train_separate", "train_pooled", "train_mmoe",
+STAGES = ["synthesize_raw_logs", "consolidate", "aggregates", "feast_apply", "training_set", "materialize",
+          "fit_trees", "train_teacher", "evaluate_teacher", "register_teacher", "train_separate", "train_pooled", "train_mmoe",
           "train_gbdt", "train_gbdt_cell", "evaluate_vs_trees", "distill_student", "export_student", "register_student",
           "gate", "promote_challenger", "refresh_report"]
 # each daily round after the first window: the new day's feature steps, the teacher (its baselines
 # train once), the student, the gate (lattice.demo.life); then the serving check
-ROUND = ["synthesize_raw_logs", "consolidate", "aggregates", "feast_apply", "training_set", "fit_trees", "materialize",
-         "train_teacher", "evaluate_teacher", "register_teacher", "distill_student", "export_student", "register_student",
+ROUND = ["synthesize_raw_logs", "consolidate", "aggregates", "feast_apply", "training_set", "materialize",
+         "fit_trees", "train_teacher", "evaluate_teacher", "register_teacher", "distill_student", "export_student", "register_student",
          "gate", "promote_challenger", "refresh_report"]
 STAGES = STAGES + [f"day{i}.{s}" for i in (1, 2) for s in ROUND] + ["serve"]
 

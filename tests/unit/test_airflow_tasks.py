@@ -24,10 +24,10 @@ def _specs(path: Path = ROOT / "configs" / "demo.yaml", leaves: bool = True):
 
 
 def test_features_spark_steps_are_one_task_and_other_families_one_task_a_step() -> None:
-    # the trees' fit (models.leaves, on by default) is a task of its own between the Spark steps
-    with_trees = [t.task_id for t in _specs()["features"].airflow_tasks]
-    assert with_trees == ["synthesize_raw_logs", "consolidate_to_training_set", "fit_trees", "materialize"]
-    assert _specs()["features"].airflow_tasks[-1].last.outlet == "features"
+    # the trees' fit (models.leaves, on by default) is the teacher DAG's first task, on its days
+    with_trees = _specs()
+    assert [t.task_id for t in with_trees["features"].airflow_tasks] == ["synthesize_raw_logs", "consolidate_to_materialize"]
+    assert [t.task_id for t in with_trees["train_teacher"].airflow_tasks][:2] == ["fit_trees", "train_teacher"]
     specs = _specs(leaves=False)
     features = specs["features"].airflow_tasks
     assert [t.task_id for t in features] == ["synthesize_raw_logs", "consolidate_to_materialize"]

@@ -337,7 +337,7 @@ def test_a_failed_training_keeps_the_previous_model_whole(tmp_path: Path, monkey
     """The model folder is written in a scratch folder and replaces the old one only on success."""
     monkeypatch.setenv("LATTICE_WORKDIR", str(tmp_path / "work"))
     spec = next(s for s in dag_specs(load_config(ROOT / "configs" / "demo.yaml")) if s.family == "train_teacher")
-    train = spec.tasks[0]
+    train = next(t for t in spec.tasks if t.task_id == "train_teacher")
     assert train.replaces_model == "teacher"
     old = tmp_path / "work" / "models" / "teacher"
     old.mkdir(parents=True)

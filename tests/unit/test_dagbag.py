@@ -90,7 +90,7 @@ def test_dags_carry_ui_params_schedules_and_retries(monkeypatch) -> None:
         for task in dag.tasks:
             assert task.retries >= 1 and task.retry_exponential_backoff, task.task_id
     assert [t.task_id for t in teacher.topological_sort()] == [
-        "train_teacher", "evaluate_teacher", "register_teacher", "train_separate", "train_pooled", "train_mmoe",
+        "fit_trees", "train_teacher", "evaluate_teacher", "register_teacher", "train_separate", "train_pooled", "train_mmoe",
         "train_gbdt", "train_gbdt_cell", "evaluate_vs_trees"]
 
 

@@ -60,8 +60,11 @@ def test_config_decides_the_optional_steps(demo) -> None:
     assert "synthesize_raw_logs" not in ids
     # the fit runs on the training set and before the features asset is announced
     assert ids.index("training_set") < ids.index("fit_hashing") < ids.index("materialize")
-    # leaf ids (models.leaves, on by default): the trees are fitted on the training set before the features asset
-    assert ids.index("training_set") < ids.index("fit_trees") < ids.index("materialize") < ids.index("train_teacher")
+    # leaf ids (models.leaves, on by default): the trees are fitted in the teacher's family, on its
+    # days (the run's `end`), right before it
+    assert ids.index("materialize") < ids.index("fit_trees") == ids.index("train_teacher") - 1
+    steps = {s.task_id: s for s in pipeline(fitted)}
+    assert steps["fit_trees"].family == "train_teacher" and steps["fit_trees"].forward["end"] == "end"
     m = fitted.models
     off = fitted.model_copy(update={"models": m.model_copy(update={"leaves": m.leaves.model_copy(update={"models": []})})})
     assert "fit_trees" not in [s.task_id for s in pipeline(off)]

@@ -50,7 +50,8 @@ def test_a_subset_teacher_never_replaces_the_full_one_and_a_subset_distill_reads
     _with_stage(monkeypatch, "train", training)
     teacher = specs["train_teacher"]
     params = {**defaults(teacher), "domains": ["feed", "search"]}
-    out = run_task(CONFIG, teacher.tasks[0], params, teacher.params)
+    train = next(t for t in teacher.tasks if t.task_id == "train_teacher")  # after fit_trees (models.leaves)
+    out = run_task(CONFIG, train, params, teacher.params)
     assert full.joinpath("model.pt").read_text() == "the full teacher"  # untouched
     variant = home.model_dir("teacher__feed_search")
     assert out["summary"]["model_dir"] == str(variant) and out["variant"] == "feed_search"

@@ -707,3 +707,63 @@ def test_a_network_on_the_margin_reads_every_train_rows_leaves_under_a_cross_fit
     seen.clear()
     train(_leaves_on(cfg, ["teacher"]), paths, model="teacher@nm", nproc=1, epochs=1, progress=False)
     assert seen["train"] == {True}
+
+
+# ---------------------------------------------------------------- a windowed run's trees
+
+
+def test_a_windowed_fit_reads_only_the_windows_days_and_training_refuses_a_forest_of_other_days(fitted, tmp_path,
+                                                                                                   monkeypatch) -> None:
+    """training.window: the boosters fit on the window's train days and stop on its validation
+    day (the stored split would have handed them rows of the validation and test days), and a
+    model refuses a forest fitted on the stored split or on another window, naming the refit."""
+    import datetime as dt
+
+    from lattice.data.loader import find_table
+    from lattice.data.window import latest_date, resolve
+    from lattice.trees.leaves import LeafForest, NoTreeFit, forest_for
+
+    cfg, paths, _, _ = fitted
+    wpaths = Paths.for_config(cfg, tmp_path / "work")  # the same table, another trees folder
+    wpaths.workdir.mkdir(parents=True)
+    table = find_table(paths)
+    (wpaths.workdir / table.name).symlink_to(table)
+    last = latest_date(table)
+    end = last.isoformat()  # the table's newest day is the test day, as in the demo's rounds
+    windowed = cfg.model_copy(update={"training": cfg.training.model_copy(update={"window": "4d"})})
+    seen: list[tuple[int, int]] = []
+    real = lgb.train
+
+    def recording(params, train_set, *args, **kwargs):
+        booster = real(params, train_set, *args, **kwargs)  # the datasets are built by then
+        seen.append((train_set.num_data(), kwargs["valid_sets"][0].num_data()))
+        return booster
+
+    monkeypatch.setattr(lgb, "train", recording)
+    manifest = fit_trees(windowed, wpaths, end=end)
+    window = resolve(windowed, table, end)
+    assert manifest["window"] == {**window.to_json(), "validation_share": 1.0}
+    # the rows each booster read: labelled rows of the window's train days, its validation day
+    stats = DenseStats.load(wpaths.trees / "dense_stats.json")
+    arrs, split = read_rows(windowed, table, stats, window.splits())
+    stored_arrs, stored = read_rows(cfg, table, stats)
+    expected = [(int(((split == "train") & (arrs[f"mask:{o}"] > 0)).sum()),
+                 int(((split == "validation") & (arrs[f"mask:{o}"] > 0)).sum())) for o in cfg.objective_names]
+    assert seen == expected and expected[0][0] > 0 and expected[0][1] > 0
+    # the stored split would have fitted on rows of the test day (the table's newest)
+    assert manifest["train_rows"] == int((split == "train").sum()) < int((stored == "train").sum())
+    assert int((split == "test").sum()) > 0 and not ((split == "train") & (split == "test")).any()
+    forest = LeafForest.load(wpaths.trees)
+    assert forest.fit["window"]["end"] == end
+    on = _leaves_on(windowed, ["teacher"])
+    assert forest_for(on, wpaths, "teacher", window=window) is not None  # its own window
+    later = resolve(windowed, table, (last + dt.timedelta(days=1)).isoformat())
+    with pytest.raises(NoTreeFit, match=rf"window .*{later.train[0]}\.\.{later.validation}.*--end {later.end}"):
+        forest_for(on, wpaths, "teacher", window=later)
+    with pytest.raises(NoTreeFit, match=r"stored split \(no window\).*--end"):
+        forest_for(on, paths, "teacher", window=window)  # the fixture's fit: the stored split
+    # a fit that trained on half the newest day serves a run that holds out that half, not the whole day
+    fit_trees(windowed, wpaths, end=end, validation_share=0.5)
+    assert forest_for(on, wpaths, "teacher", window=window, validation_share=0.5) is not None
+    with pytest.raises(NoTreeFit, match=r"holding out 0.5 of its newest day \(this run: 1\)"):
+        forest_for(on, wpaths, "teacher", window=window)
