@@ -261,16 +261,18 @@ def check_order(steps: list[TaskSpec]) -> None:
 
 def select(steps: list[TaskSpec], start: str | None = None, stop: str | None = None,
            families: tuple[Family, ...] = RUN_FAMILIES) -> list[TaskSpec]:
-    """The steps of `families` from step (or family) `start` to `stop`, both included."""
+    """The steps of `families` from step (or family) `start` to `stop`, both included. A name that
+    is a family and a step (`train_teacher`) starts at the family's first step (`fit_trees`, which
+    prepares the teacher's days) and stops at the step."""
     run = [s for s in steps if s.family in families]
     names = [s.task_id for s in run]
 
     def index(name: str, first: bool) -> int:
+        fam = [i for i, s in enumerate(run) if s.family == name]
+        if fam and (first or name not in names):
+            return fam[0] if first else fam[-1]
         if name in names:
             return names.index(name)
-        fam = [i for i, s in enumerate(run) if s.family == name]
-        if fam:
-            return fam[0] if first else fam[-1]
         raise KeyError(f"no step or family {name!r} in this pipeline; steps: {', '.join(names)}; "
                        f"families: {', '.join(families)}")
 

@@ -76,6 +76,8 @@ def test_select_by_step_and_family(demo) -> None:
         "distill_student", "export_student", "register_student", "gate", "promote_challenger", "refresh_report"]
     assert [s.task_id for s in select(steps, "training_set", "train_teacher")][0] == "training_set"
     assert select(steps, "training_set", "train_teacher")[-1].task_id == "train_teacher"  # a step name, not the family
+    # ... but a run from it starts at its family's first step: the trees of the teacher's days
+    assert [s.task_id for s in select(steps, "train_teacher", "train_teacher")] == ["fit_trees", "train_teacher"]
     assert all(s.family in RUN_FAMILIES for s in select(steps))  # tune is never part of a run
     with pytest.raises(KeyError, match="no step or family 'bogus'"):
         select(steps, "bogus")
