@@ -163,15 +163,20 @@ class LeafForest:
         1 for a fit, or a model.pt, made before the key existed."""
         return float(self.fit.get("fit_share", 1.0))
 
-    def empty_fitted(self, arrs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def empty_fitted(self, arrs: dict[str, np.ndarray], dates=None) -> dict[str, np.ndarray]:
         """Cross-fitting, for the rows a network trains on (all of the train split): the rows the
         boosters were fitted on get an empty bag of leaf ids (`EMPTY` over their ids), in place.
-        Nothing changes at a share of 1."""
+        Nothing changes at a share of 1. `dates`: each row's day (a windowed run); a fit of a
+        window then covers only its own train days, so a warm start's new days, which the
+        parent's forest never saw, keep every row's leaf ids."""
         share = self.fit_share
         keys = [k for k in arrs if k.startswith("leaf:")]
         if share >= 1.0 or not keys:
             return arrs
         rows = fitted_rows(arrs["example_id"], share)
+        window = self.fit.get("window")
+        if window is not None and dates is not None:
+            rows &= np.isin(np.asarray(dates, dtype=object), np.asarray(window["train"], dtype=object))
         for k in keys:
             arrs[k][rows] = EMPTY
         return arrs

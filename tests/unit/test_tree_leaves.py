@@ -767,3 +767,39 @@ def test_a_windowed_fit_reads_only_the_windows_days_and_training_refuses_a_fores
     assert forest_for(on, wpaths, "teacher", window=window, validation_share=0.5) is not None
     with pytest.raises(NoTreeFit, match=r"holding out 0.5 of its newest day \(this run: 1\)"):
         forest_for(on, wpaths, "teacher", window=window)
+
+
+def test_under_a_window_only_the_forests_own_days_lose_their_leaf_ids(cross_fitted) -> None:
+    """A forest fitted on a window saw only the window's train days: a warm start's newer days
+    keep every row's leaf ids, the forest's own days empty the fitted rows' bags (the loader)."""
+    from lattice.data.loader import BatchLoader, find_table, fit_dense_stats
+    from lattice.data.window import DaySplits, row_dates
+    from lattice.data.loader import read_unit, scan_units
+    from lattice.trees.leaves import LeafForest, fit_fraction, leaf_key
+
+    cfg, paths, _, _ = cross_fitted
+    table = find_table(paths)
+    days = sorted({d for u in scan_units(table) for d in row_dates(*read_unit(u, ["event_timestamp", "date"]))})
+    assert len(days) >= 4
+    forest = LeafForest.load(paths.trees)
+    forest.fit["window"] = {"train": days[:-2], "validation": days[-2], "test": days[-1], "end": days[-1]}
+    on = _leaves_on(cfg, ["teacher"])
+    # every day trains here, so the loader sees both the forest's days and two it never saw
+    split = DaySplits({d: "train" for d in days})
+    seen = {"own, fitted": 0, "own, not fitted": 0, "newer": 0}
+    key = leaf_key(sorted(forest.boosters)[0])
+    trees = forest.fit["trees"][sorted(forest.boosters)[0]]
+    date_of = {}
+    for u in scan_units(table):
+        tbl, part = read_unit(u, ["example_id", "event_timestamp", "date"])
+        date_of.update(zip(tbl.column("example_id").to_pylist(), row_dates(tbl, part)))
+    for batch in BatchLoader(on, table, fit_dense_stats(on, table), "train", batch_size=400, num_workers=0,
+                             leaves=forest, days=split):
+        lengths = batch.sparse.to_dict()[key].lengths().numpy()
+        fitted = fit_fraction(list(batch.example_ids)) < forest.fit_share
+        own = np.array([date_of[e] in forest.fit["window"]["train"] for e in batch.example_ids])
+        np.testing.assert_array_equal(lengths, np.where(own & fitted, 0, trees))
+        seen["own, fitted"] += int((own & fitted).sum())
+        seen["own, not fitted"] += int((own & ~fitted).sum())
+        seen["newer"] += int((~own).sum())
+    assert min(seen.values()) > 50, seen
