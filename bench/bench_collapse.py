@@ -62,9 +62,11 @@ def dataset(name: str, rows: int, workdir: Path):
 def train_variant(base, paths, name: str, sets: list[str], epochs: int) -> dict:
     from lattice.config.loader import apply_overrides, parse_config
     from lattice.training.stages import train
+    from lattice.trees.fit import fit_trees_if_on
 
     config = parse_config(apply_overrides(base.model_dump(mode="json"), sets, "<bench>"), "<bench>") if sets else base
     model = f"teacher@{name}"
+    fit_trees_if_on(config, paths)  # the leaf features' trees (models.leaves), as the pipeline's fit_trees
     t = time.perf_counter()
     summary = train(config, paths, model=model, nproc=1, epochs=epochs, progress=False)
     seconds = time.perf_counter() - t

@@ -155,6 +155,7 @@ def run_nets(config, df: pd.DataFrame, tmp: Path, seed: int, epochs: int, rules=
 
     from lattice.data.local_table import write_local_table
     from lattice.training.stages import train
+    from lattice.trees.fit import fit_trees_if_on
 
     paths = Paths(tmp / "work", tmp / "raw")
     write_local_table(config, paths, df=df)
@@ -164,6 +165,7 @@ def run_nets(config, df: pd.DataFrame, tmp: Path, seed: int, epochs: int, rules=
         cfg = net_config(config, rule, str(tmp / "raw"), epochs)
         t = time.perf_counter()
         with open(os.devnull, "w") as quiet, contextlib.redirect_stdout(quiet):  # the trainer's plan and notes
+            fit_trees_if_on(cfg, paths, end=end)  # the leaf features' trees of this window (models.leaves)
             s = train(cfg, paths, f"teacher@{rule}", nproc=1, end=end, seed=seed, progress=False)
         pred = pd.read_parquet(paths.model_dir(f"teacher@{rule}") / "predictions.parquet")
         pred = pred[pred[S.mask_column("conversion")] == 1]

@@ -104,6 +104,7 @@ def record(cfg_file: str, args) -> dict:
     from lattice.config import load_config
     from lattice.paths import Paths
     from lattice.training.stages import train
+    from lattice.trees.fit import fit_trees_if_on
 
     name = Path(cfg_file).stem
     env = dict(os.environ)
@@ -130,6 +131,7 @@ def record(cfg_file: str, args) -> dict:
         undo = _record_hook()
         t = time.perf_counter()
         try:
+            fit_trees_if_on(cfg, paths)  # the leaf features' trees (models.leaves), as the pipeline's fit_trees
             train(cfg, paths, model="teacher", nproc=1, epochs=epochs, progress=False)
         finally:
             undo()

@@ -72,6 +72,7 @@ def dispatched_is_naive(paths) -> bool:
 def train_variant(base, paths, name: str, sets: list[str], naive: bool, epochs: int | None) -> dict:
     from lattice.config.loader import apply_overrides, parse_config
     from lattice.training.stages import train
+    from lattice.trees.fit import fit_trees_if_on
 
     config = parse_config(apply_overrides(base.model_dump(mode="json"), sets, "<bench>"), "<bench>") if sets else base
     model = f"teacher@{name.replace('+', '_')}"
@@ -82,6 +83,7 @@ def train_variant(base, paths, name: str, sets: list[str], naive: bool, epochs: 
         # the trainer plans through lattice.fp8.dispatch.make_plan (in this process at nproc 1)
         dispatch.make_plan = lambda m, c, *a, **k: naive_plan(real, m, c, *a, **k)
     try:
+        fit_trees_if_on(config, paths)  # the leaf features' trees (models.leaves), as the pipeline's fit_trees
         t = time.perf_counter()
         summary = train(config, paths, model=model, nproc=1, epochs=epochs, progress=False)
         seconds = time.perf_counter() - t

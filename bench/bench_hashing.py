@@ -77,6 +77,7 @@ def run_one(config, paths, model: str, tag: str, epochs: int | None) -> dict:
     from lattice.export.stages import export_model
     from lattice.hashing.budgets import needs_fit
     from lattice.training.stages import train
+    from lattice.trees.fit import fit_trees_if_on
 
     fit_s = 0.0
     if needs_fit(config):
@@ -86,6 +87,7 @@ def run_one(config, paths, model: str, tag: str, epochs: int | None) -> dict:
         fit_hashing(config, paths, seed=config.training.seed)
         fit_s = time.perf_counter() - t
     name = f"{model}@{tag}"
+    fit_trees_if_on(config, paths)  # the leaf features' trees (models.leaves), as the pipeline's fit_trees
     t = time.perf_counter()
     train(config, paths, model=name, nproc=1, epochs=epochs, progress=False)
     train_s = time.perf_counter() - t

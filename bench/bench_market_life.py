@@ -154,10 +154,13 @@ def train_round(cfg, paths, end: str, first: bool, scratch: bool, student_warm: 
     a rule started holds out of its newest day (the DAG passes monitoring.retrain_validation_share;
     the student follows its teacher's lineage)."""
     from lattice.stages import run_stage
+    from lattice.trees.fit import fit_trees_if_on
 
     out: dict = {"end": end}
     t = time.perf_counter()
     with quiet():
+        # the teacher DAG's first step: the leaf features' trees of this window (models.leaves)
+        fit_trees_if_on(cfg, paths, end=end, validation_share=validation_share)
         s = run_stage("train", cfg, paths, model="teacher", end=end, warm_start="none" if first else "last", progress=False,
                       validation_share=validation_share)
     m = json.loads((paths.model_dir("teacher") / "metrics.json").read_text())

@@ -53,12 +53,14 @@ def prepare_dataset(name: str, rows: int, workdir: Path):
 def train_encoding(base, paths, encoding: str, bins: int, seed: int, epochs: int | None, nproc: int) -> dict:
     from lattice.config.loader import apply_overrides, parse_config
     from lattice.training.stages import train
+    from lattice.trees.fit import fit_trees_if_on
 
     # no loader worker processes: many trainings in one process on a loaded 2-core machine
     # segfaulted a forked worker once; the same for every encoding
     sets = [f"models.teacher.numeric={encoding}", f"models.teacher.numeric_bins={bins}", "training.num_workers=0"]
     config = parse_config(apply_overrides(base.model_dump(mode="json"), sets, "<bench>"), "<bench>")
     model = f"teacher@numeric_{encoding}_s{seed}"
+    fit_trees_if_on(config, paths)  # the leaf features' trees (models.leaves), as the pipeline's fit_trees
     t = time.perf_counter()
     summary = train(config, paths, model=model, nproc=nproc, epochs=epochs, seed=seed, progress=False)
     seconds = time.perf_counter() - t

@@ -64,8 +64,10 @@ def quality(config: PlatformConfig, paths: Paths, models: list[str], nproc: int,
     objective and whether the teacher beats every baseline; return the figures."""
     from lattice.cli.train_cmd import summary_table
     from lattice.training.stages import train
+    from lattice.trees.fit import fit_trees_if_on
 
     metrics = {}
+    fit_trees_if_on(config, paths)  # the leaf features' trees (models.leaves), as the pipeline's fit_trees
     for m in models:
         t = time.perf_counter()
         ranks = nproc if m == "teacher" or baseline_nproc is None else baseline_nproc

@@ -146,3 +146,14 @@ def leaf_ids(paths: Paths, x: np.ndarray) -> dict[str, np.ndarray]:
     """Per objective: (rows, trees) int leaf index of each row in each fitted tree (LightGBM pred_leaf)."""
     return {p.stem: np.asarray(lgb.Booster(model_file=str(p)).predict(x, pred_leaf=True), dtype=np.int64).reshape(len(x), -1)
             for p in sorted((paths.trees / "boosters").glob("*.txt"))}
+
+
+def fit_trees_if_on(config: PlatformConfig, paths: Paths, end: str | None = None,
+                    validation_share: float | None = None) -> dict | None:
+    """The pipeline's `fit_trees` step for code that trains outside the pipeline (benches,
+    notebooks): fit when `models.leaves` names a network (None otherwise), on the run's days."""
+    from lattice.models.build import reads_leaves
+
+    if not any(reads_leaves(config, kind) for kind in ("teacher", "student")):
+        return None
+    return fit_trees(config, paths, end=end, validation_share=validation_share)

@@ -803,3 +803,19 @@ def test_under_a_window_only_the_forests_own_days_lose_their_leaf_ids(cross_fitt
         seen["own, not fitted"] += int((own & ~fitted).sum())
         seen["newer"] += int((~own).sum())
     assert min(seen.values()) > 50, seen
+
+
+def test_fit_trees_if_on_fits_only_for_a_network_that_reads_leaves(fitted, tmp_path) -> None:
+    """Code that trains outside the pipeline (the benches) fits the trees as fit_trees would, and
+    nothing when models.leaves names no network."""
+    from lattice.data.loader import find_table
+    from lattice.trees.fit import fit_trees_if_on
+
+    cfg, paths, _, _ = fitted
+    other = Paths.for_config(cfg, tmp_path / "work")
+    other.workdir.mkdir(parents=True)
+    table = find_table(paths)
+    (other.workdir / table.name).symlink_to(table)
+    assert fit_trees_if_on(_leaves_on(cfg, []), other) is None and not other.trees.exists()
+    manifest = fit_trees_if_on(_leaves_on(cfg, ["student"]), other)
+    assert manifest["fit_rows"] > 0 and (other.trees / "manifest.json").exists()
