@@ -4,7 +4,8 @@ teacher per seed, then one student per soft weight distilled from the same teach
 optionally the `separate` baseline. Prints the mean test NE per objective over the seeds and each
 student's share of the teacher's gain over separate (issue 38's goal: 90%). The students are left
 as `student@soft<W>` in the dataset's work folder, so `bench_tree_leaves.py --compare
-student@soft1=student@soft3` gives the paired interval on the last seed's test rows.
+student@soft1=student@soft3` gives the paired interval on the last seed's test rows. `--margin-only`:
+also each weight's student without the leaf tokens, on the trees' margin alone (`student@soft<W>m`).
 
     nice -n 5 .venv/bin/python bench/bench_distill_weight.py --dataset bank --bank-split hash --seeds 0,1,2 --weights 1,2,3,5 --separate
     nice -n 5 .venv/bin/python bench/bench_distill_weight.py --dataset taobao --reuse --seeds 0,1 --weights 1,3 --separate
@@ -33,6 +34,11 @@ def _soft(cfg, weight: float):
     return cfg.model_copy(update={"distillation": cfg.distillation.model_copy(update={"soft_weight": weight})})
 
 
+def _margin_only(cfg):
+    leaves = cfg.models.leaves.model_copy(update={"tokens": ["teacher"]})
+    return cfg.model_copy(update={"models": cfg.models.model_copy(update={"leaves": leaves})})
+
+
 def main() -> None:
     from lattice.training.stages import score
     from lattice.trees.fit import fit_trees
@@ -43,6 +49,8 @@ def main() -> None:
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--weights", default="1,3", help="distillation.soft_weight values, e.g. 1,2,3,5")
     ap.add_argument("--separate", action="store_true", help="also the separate baseline (the share of the gain)")
+    ap.add_argument("--margin-only", action="store_true",
+                    help="also each weight's student reading the leaf ids for its margin only (models.leaves.tokens: [teacher])")
     ap.add_argument("--reuse", action="store_true", help="keep a training set already built in the work folder")
     ap.add_argument("--demo-rows", type=int, default=200_000)
     ap.add_argument("--workdir", default=str(B.ROOT / ".lattice" / "bench_tree_leaves"))
@@ -69,6 +77,10 @@ def main() -> None:
         for w in weights:
             runs.setdefault(f"student, soft {w:g}", []).append(
                 B.run_one(_seeded(_soft(usual, w), seed), paths, f"student@soft{w:g}", None, teacher_scores=scores))
+            if a.margin_only:
+                runs.setdefault(f"student, soft {w:g}, margin only", []).append(
+                    B.run_one(_seeded(_soft(_margin_only(usual), w), seed), paths, f"student@soft{w:g}m", None,
+                              teacher_scores=scores))
         if a.separate:
             runs.setdefault("separate", []).append(B.run_one(_seeded(plain, seed), paths, "separate", None))
     mean = lambda rows, o: float(np.mean([r["by_objective"][o] for r in rows]))  # noqa: E731

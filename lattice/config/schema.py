@@ -566,6 +566,23 @@ class TreeLeaves(Strict):
     the teacher with it stays at the trees' level, beyond noise behind the one without
     (docs/bench/tree-leaves.md)."""
 
+    tokens: list[Literal["teacher", "student"]] = Field(default_factory=lambda: ["teacher", "student"])
+    """Of the networks in `models`, those that turn each forest's leaf ids into a token (an
+    embedding table of `num_trees * num_leaves` rows, one more input token per objective). A network
+    in `margin` and not here reads the leaf ids for its margin only: no leaf table, no extra token,
+    so its forward costs what it costs without the trees (at a batch of 256 the demo student's
+    tokens cost about 0.3 ms of its 1.5 ms forward: docs/bench/tree-leaves.md). Default: both. A
+    model saved before this key existed has its tokens."""
+
+    @model_validator(mode="after")
+    def _leaves_go_somewhere(self) -> "TreeLeaves":
+        idle = [k for k in self.models if k not in self.tokens and k not in self.margin]
+        if idle:
+            raise ValueError(f"models.leaves.models lists {idle} but neither models.leaves.tokens nor models.leaves.margin "
+                             f"does: such a network would read leaf ids for nothing. Add it to tokens or margin, or "
+                             f"remove it from models")
+        return self
+
     @field_validator("fit_share")
     @classmethod
     def _a_share(cls, v: float | str) -> float | str:

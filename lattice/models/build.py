@@ -52,7 +52,7 @@ def build_model(config: PlatformConfig, kind: str, n_dense: int, *, fitted: dict
     if kind in ("teacher", "student"):
         margin = kind in m.leaves.margin  # the trees' raw score under this network's logits
         model = LatticeNet(config, m.teacher if kind == "teacher" else m.student, n_dense, fitted=fitted, leaves=leaves,
-                           margin=margin, leaf_pooling=m.leaves.pooling[kind])
+                           margin=margin, leaf_pooling=m.leaves.pooling[kind], leaf_tokens=kind in m.leaves.tokens)
     elif kind == "separate":
         model = SeparateModels(config, m.baselines.size, n_dense, fitted=fitted)
     elif kind == "pooled":

@@ -5,7 +5,7 @@ this class at different `ModelSize`s."""
 
 from __future__ import annotations
 
-from typing import Dict
+from typing import Dict, List
 
 import torch
 from torch import nn
@@ -17,7 +17,7 @@ from lattice.data.zipper import head_key
 from lattice.models.chain import apply_chains, chained_logit, chains, conditional_rates
 from lattice.models.gemm import Linear
 from lattice.models.interaction import DomainFM, DomainUntied, WukongLayer, mlp, trunk
-from lattice.models.leaves import LeafArch, LeafMargin, split_leaves
+from lattice.models.leaves import LeafArch, LeafMargin, leaf_key, split_leaves
 from lattice.models.mods import Mods
 from lattice.models.numeric import NumericEncoder
 from lattice.models.sparse import SparseArch
@@ -62,7 +62,7 @@ class DenseArch(nn.Module):
 class LatticeNet(nn.Module):
     def __init__(self, config: PlatformConfig, size: ModelSize, n_dense: int, objectives: list[str] | None = None,
                  domain_token: bool | None = None, domain_untied: bool | None = None, fitted: dict | None = None,
-                 leaves: dict | None = None, margin: bool = False, leaf_pooling: str = "mean"):
+                 leaves: dict | None = None, margin: bool = False, leaf_pooling: str = "mean", leaf_tokens: bool = True):
         super().__init__()
         self.objectives = list(objectives or config.objective_names)
         d = size.embedding_dim
@@ -72,7 +72,9 @@ class LatticeNet(nn.Module):
         use_domain = size.domain_token if domain_token is None else domain_token
         self.domain = nn.Embedding(n_domains, d) if use_domain else None
         # leaves: LeafForest.spec() of the tree fit whose leaf ids this model reads (lattice.models.leaves)
-        self.leaves = LeafArch(leaves, d, leaf_pooling) if leaves else None
+        # (leaf_tokens false: the leaf ids feed the margin only, models.leaves.tokens)
+        self.leaves = LeafArch(leaves, d, leaf_pooling) if leaves and leaf_tokens else None
+        self.leaf_keys: List[str] = [leaf_key(o) for o in sorted(leaves["trees"])] if leaves else []
         # margin (models.leaves.margin): each unchained objective's logit starts at its booster's raw score
         # (frozen) and the heads learn the residual; a chained head is conditional, the booster is not
         given = {o.name for o in config.objectives if o.given}
@@ -128,22 +130,22 @@ class LatticeNet(nn.Module):
                code: torch.Tensor | None = None, leaf_kjt: KeyedJaggedTensor | None = None) -> torch.Tensor:
         """`code`: the dense columns already encoded (DenseArch.code), when the caller has them;
         `leaf_kjt`: the forests' keys already split from `sparse` (which then holds the features' only)."""
-        if self.leaves is not None and leaf_kjt is None:
-            sparse, leaf_kjt = split_leaves(sparse, self.n_sparse, self.leaves)
+        if len(self.leaf_keys) > 0 and leaf_kjt is None:
+            sparse, leaf_kjt = split_leaves(sparse, self.n_sparse, self.leaf_keys)
         parts = [self.sparse(sparse)]  # (B, F, D)
         if self.dense is not None:
             parts.append(self.dense(dense) if code is None else self.dense(dense, code))  # (B, T, D)
         if self.domain is not None:
             parts.append(self.domain(domain).unsqueeze(1))  # (B, 1, D)
-        if self.leaves is not None:
+        if self.leaves is not None and leaf_kjt is not None:
             parts.append(self.leaves(leaf_kjt))  # (B, O, D)
         return torch.cat(parts, dim=1)  # (B, N, D)
 
     def forward(self, dense: torch.Tensor, sparse: KeyedJaggedTensor, domain: torch.Tensor) -> dict[str, torch.Tensor]:
         code = self.dense.code(dense) if self.dense_context else None  # encoded once, for both uses
         leaf_kjt = None
-        if self.leaves is not None:  # split once: the leaf tokens and the trees' margin both read it
-            sparse, leaf_kjt = split_leaves(sparse, self.n_sparse, self.leaves)
+        if len(self.leaf_keys) > 0:  # split once: the leaf tokens and the trees' margin both read it
+            sparse, leaf_kjt = split_leaves(sparse, self.n_sparse, self.leaf_keys)
         x = self.tokens(dense, sparse, domain, code, leaf_kjt)
         # heads read every layer's tokens (Lattice's extended context: DenseNet-style residuals),
         # so low-order signals in the inputs reach them without passing every interaction layer
@@ -164,7 +166,7 @@ class LatticeNet(nn.Module):
             # the expert mix is not an FP8 site: a (1, E) x (E, H) product per example (gemm.py)
             inputs = {o: torch.einsum("be,beh->bh", torch.softmax(self.gates[o](flat), -1), e) for o in self.heads}
         out = {o: head(inputs[o]).squeeze(-1) for o, head in self.heads.items()}  # objective -> (B,) logits
-        if self.margin is not None:
+        if self.margin is not None and leaf_kjt is not None:
             margins = self.margin(leaf_kjt)  # (B, O)
             for o, i in self.margin_index.items():
                 out[o] = out[o] + margins[:, i]

@@ -87,12 +87,12 @@ def stacked_bags(table: torch.Tensor, starts: torch.Tensor, n_keys: int, kjt: Ke
     return pooled.view(n_keys, -1, pooled.shape[1]).transpose(0, 1)
 
 
-def split_leaves(sparse: KeyedJaggedTensor, n_features: int, arch: LeafArch) -> tuple[KeyedJaggedTensor, KeyedJaggedTensor]:
-    """The batch's KJT -> (the features' keys, the forests' keys)."""
-    if isinstance(sparse, KeyedJaggedTensor) and sparse.keys()[n_features:] != arch.keys:  # eager only
-        raise ValueError(f"this model reads leaf ids {arch.keys} after its features, the batch has {sparse.keys()[n_features:]}: "
+def split_leaves(sparse: KeyedJaggedTensor, n_features: int, keys: List[str]) -> tuple[KeyedJaggedTensor, KeyedJaggedTensor]:
+    """The batch's KJT -> (the features' keys, the forests' keys `keys`)."""
+    if isinstance(sparse, KeyedJaggedTensor) and sparse.keys()[n_features:] != keys:  # eager only
+        raise ValueError(f"this model reads leaf ids {keys} after its features, the batch has {sparse.keys()[n_features:]}: "
                          "build its batches with the model's leaf_forest (RowEncoder / BatchLoader / batch_from_frame leaves=)")
-    parts = sparse.split([n_features, len(arch.keys)])
+    parts = sparse.split([n_features, len(keys)])
     return parts[0], parts[1]
 
 
@@ -100,9 +100,20 @@ def leaf_archs(model: nn.Module) -> list[LeafArch]:
     return [m for m in model.modules() if isinstance(m, LeafArch)]
 
 
+def leaf_keys(model: nn.Module) -> list[str]:
+    """The forests' KJT keys `model` reads, for its tokens or its margin (in the order it reads them)."""
+    keys: list[str] = []
+    for m in model.modules():
+        if isinstance(m, LeafArch):
+            keys += [k for k in m.keys if k not in keys]
+        elif isinstance(m, LeafMargin):
+            keys += [leaf_key(o) for o in m.objectives if leaf_key(o) not in keys]
+    return keys
+
+
 def add_empty_leaves(kjt: KeyedJaggedTensor, model: nn.Module) -> KeyedJaggedTensor:
     """`kjt` with an empty bag per row for every forest `model` reads (stand-in and cost batches)."""
-    keys = [k for a in leaf_archs(model) for k in a.keys]
+    keys = leaf_keys(model)
     if not keys:
         return kjt
     b = kjt.stride()

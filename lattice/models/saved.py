@@ -56,6 +56,7 @@ def blob_config(blob: dict) -> PlatformConfig:
     if isinstance(models.get("leaves"), dict):  # keys added since: the values its model was trained with
         models["leaves"].setdefault("margin", [])
         models["leaves"].setdefault("pooling", "sum")  # saved before models.leaves.pooling: its tokens summed
+        models["leaves"].setdefault("tokens", ["teacher", "student"])  # saved before models.leaves.tokens: tokens
     return PlatformConfig.model_validate(cfg)
 
 

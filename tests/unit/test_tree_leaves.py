@@ -181,10 +181,11 @@ def test_a_teacher_with_leaves_trains_carries_its_fit_and_scores_with_it(fitted,
         saved.model(*batch_from_frame(saved.config, saved.stats, frame).inputs())
 
 
-@pytest.mark.parametrize("margin", [False, True])
+@pytest.mark.parametrize("margin", [False, True, "only"])
 def test_the_exported_artifact_scores_a_raw_request_as_training_code_does(fitted, margin) -> None:
     """LightGBM in the predictor, beside the TorchScript module: raw rows in, the same leaf ids and
-    the same probabilities as the training-time model on the training-time batch."""
+    the same probabilities as the training-time model on the training-time batch. `only`: the
+    student reads the leaf ids for its margin alone (models.leaves.tokens without it)."""
     import pandas as pd
     import pyarrow as pa
     import torch
@@ -197,7 +198,10 @@ def test_the_exported_artifact_scores_a_raw_request_as_training_code_does(fitted
     from lattice.trees.leaves import TREES_FILE
 
     cfg, paths, manifest, _ = fitted
-    cfg = _leaves_on(cfg, ["student"], margin=margin)
+    cfg = _leaves_on(cfg, ["student"], margin=bool(margin))
+    if margin == "only":
+        cfg = cfg.model_copy(update={"models": cfg.models.model_copy(update={
+            "leaves": cfg.models.leaves.model_copy(update={"tokens": ["teacher"]})})})
     train(cfg, paths, model="student", nproc=1, epochs=1, progress=False)
     summary = export_model(cfg, paths, "student")
     art = Path(summary["artifact"])
@@ -205,6 +209,9 @@ def test_the_exported_artifact_scores_a_raw_request_as_training_code_does(fitted
     meta = json.loads((art / "metadata.json").read_text())
     saved = load_saved(paths.model_dir("student"))
     assert meta["leaves"]["sha256"] == saved.model.leaf_forest.fit["sha256"]
+    # tokens: a leaf table and one more token per forest; margin only: neither, the margin still read
+    net = getattr(saved.model, "net", saved.model)  # inside the calibration wrapper
+    assert (net.leaves is None) == (margin == "only") and (net.margin is not None) == bool(margin)
     predictor = Predictor.load(art)
     raw = pd.read_parquet(find_table(paths))
     raw = raw[raw["split"] == "test"].head(200).reset_index(drop=True)
@@ -249,7 +256,7 @@ def test_the_margin_is_the_boosters_raw_score_and_the_heads_start_on_it(fitted) 
     chained = cfg.model_copy(update={"objectives": [o.model_copy(update={"given": "click"}) if o.name == "conversion" else o
                                                     for o in cfg.objectives]})
     assert set(build_model(chained, "teacher", n_dense, leaves=forest.spec()).margin_index) == {"click"}
-    margins = model.margin(split_leaves(batch.sparse, model.n_sparse, model.leaves)[1])  # (B, O)
+    margins = model.margin(split_leaves(batch.sparse, model.n_sparse, model.leaf_keys)[1])  # (B, O)
     # LightGBM's raw score on the same rows, from the matrix the fit built
     stats_t = DenseStats.load(paths.trees / "dense_stats.json")
     from lattice.data.loader import find_table as ft
@@ -549,7 +556,7 @@ def test_the_trees_fitted_rows_train_with_empty_leaf_bags_the_others_with_pred_l
             counts[name][0] += int(empty.sum())
             counts[name][1] += int((~empty).sum())
             # under mean pooling an empty bag is a zero token; a full one is not
-            tokens = model.leaves(split_leaves(batch.sparse, n_features, model.leaves)[1])
+            tokens = model.leaves(split_leaves(batch.sparse, n_features, model.leaf_keys)[1])
             assert torch.all(tokens[torch.from_numpy(empty)] == 0)
             assert torch.all(tokens[torch.from_numpy(~empty)].abs().sum(-1) > 0)
     assert counts["train"][0] > 300 and counts["train"][1] > 300 and counts["test"] [0] == 0
@@ -819,3 +826,14 @@ def test_fit_trees_if_on_fits_only_for_a_network_that_reads_leaves(fitted, tmp_p
     assert fit_trees_if_on(_leaves_on(cfg, []), other) is None and not other.trees.exists()
     manifest = fit_trees_if_on(_leaves_on(cfg, ["student"]), other)
     assert manifest["fit_rows"] > 0 and (other.trees / "manifest.json").exists()
+
+
+def test_a_network_reading_leaves_for_neither_tokens_nor_margin_is_a_config_error() -> None:
+    import yaml
+
+    d = yaml.safe_load((ROOT / "configs" / "demo.yaml").read_text())
+    d.setdefault("models", {})["leaves"] = {"models": ["teacher", "student"], "tokens": ["teacher"], "margin": ["student"]}
+    assert parse_config(d, "x.yaml").models.leaves.tokens == ["teacher"]  # the student: its margin only
+    d["models"]["leaves"]["margin"] = []
+    with pytest.raises(ConfigError, match=r"lists \['student'\] but neither models.leaves.tokens nor models.leaves.margin"):
+        parse_config(d, "x.yaml")
