@@ -216,11 +216,12 @@ def leaf_latency(config, paths, reps: int = 2000) -> dict:
     return out
 
 
-def export_latency(config, paths, rounds: int = 3, iterations: int = 1000, margin: bool = False) -> dict:
+def export_latency(config, paths, rounds: int = 3, iterations: int = 1000, margin: bool = False,
+                   models: tuple[str, ...] | None = None) -> dict:
     """The exported student without and with leaves (and with `margin`, with leaves and the
-    trees' margin), in alternation: single-request latency
+    trees' margin), or the trained `models` named, in alternation: single-request latency
     through `Predictor.predict_table` (lattice.export.window.latency_ms: wall and CPU time, 1
-    torch thread), as serving runs it."""
+    torch thread), as serving runs it, and the CPU of a 256-row call."""
     from lattice.export.predictor import Predictor
     from lattice.export.stages import export_model
     from lattice.export.window import latency_ms, load_window
@@ -228,7 +229,7 @@ def export_latency(config, paths, rounds: int = 3, iterations: int = 1000, margi
     out: dict[str, list[dict]] = {}
     window = load_window(config, paths, "test", max_rows=4096)
     for _ in range(rounds):
-        for m in ("student", "student@leaves") + (("student@margin",) if margin else ()):
+        for m in models or ("student", "student@leaves") + (("student@margin",) if margin else ()):
             s = export_model(config, paths, m)
             predictor = Predictor.load(Path(s["artifact"]))
             lat = latency_ms(predictor, window, iterations=iterations)
@@ -464,6 +465,8 @@ def main() -> None:
     p.add_argument("--compare", default=None, metavar="REF=M1,M2",
                    help="only compare: NE(Mi) - NE(REF) with the paired interval on the test predictions the models "
                         "(model dir names, e.g. teacher@leaves=teacher@xfit70,teacher) left in each dataset's work folder")
+    p.add_argument("--latency-of", default=None, metavar="M1,M2",
+                   help="only time these trained models' exports (5 alternating rounds), e.g. student,student@soft3,student@soft3m")
     p.add_argument("--student", action="store_true", help="also the students distilled from each teacher")
     p.add_argument("--margin", action="store_true", help="also the teacher (and student) with models.leaves.margin")
     p.add_argument("--no-plain", action="store_true", help="skip the teacher (and student) without leaves")
@@ -484,6 +487,11 @@ def main() -> None:
     if args.compare:
         for name in args.datasets.split(","):
             compare_saved(name, args)
+        return
+    if args.latency_of:  # students already trained in the dataset's work folder (e.g. by bench_distill_weight)
+        for name in args.datasets.split(","):
+            config, paths = shipped(name, Path(args.workdir) / name, True, args.demo_rows, args.set)
+            export_latency(config, paths, rounds=5, models=tuple(args.latency_of.split(",")))
         return
     out = {name: run_dataset(name, args) for name in args.datasets.split(",")}
     dest = Path(args.out)

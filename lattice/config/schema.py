@@ -570,9 +570,11 @@ class TreeLeaves(Strict):
     """Of the networks in `models`, those that turn each forest's leaf ids into a token (an
     embedding table of `num_trees * num_leaves` rows, one more input token per objective). A network
     in `margin` and not here reads the leaf ids for its margin only: no leaf table, no extra token,
-    so its forward costs what it costs without the trees (at a batch of 256 the demo student's
-    tokens cost about 0.3 ms of its 1.5 ms forward: docs/bench/tree-leaves.md). Default: both. A
-    model saved before this key existed has its tokens."""
+    so its forward costs what it costs without the trees. Default: both. On the demo student, margin
+    only cut the tree part's CPU per 256-row call from 1.67 to 1.29 ms (LightGBM and the boosters'
+    matrix remain) but was behind the student with tokens on 5 of 7 objectives of five tables (by
+    0.0015 to 0.0077 NE; better on Taobao engage) (docs/bench/tree-leaves.md, "The demo's student").
+    A model saved before this key existed has its tokens."""
 
     @model_validator(mode="after")
     def _leaves_go_somewhere(self) -> "TreeLeaves":
