@@ -96,10 +96,6 @@ def split_leaves(sparse: KeyedJaggedTensor, n_features: int, keys: List[str]) ->
     return parts[0], parts[1]
 
 
-def leaf_archs(model: nn.Module) -> list[LeafArch]:
-    return [m for m in model.modules() if isinstance(m, LeafArch)]
-
-
 def leaf_keys(model: nn.Module) -> list[str]:
     """The forests' KJT keys `model` reads, for its tokens or its margin (in the order it reads them)."""
     keys: list[str] = []

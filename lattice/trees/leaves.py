@@ -176,7 +176,9 @@ class LeafForest:
         rows = fitted_rows(arrs["example_id"], share)
         window = self.fit.get("window")
         if window is not None and dates is not None:
-            rows &= np.isin(np.asarray(dates, dtype=object), np.asarray(window["train"], dtype=object))
+            # the fit's days: its train days, and its newest day when it held out only a share of it
+            days = list(window["train"]) + ([window["validation"]] if window.get("validation_share", 1.0) < 1 else [])
+            rows &= np.isin(np.asarray(dates, dtype=object), np.asarray(days, dtype=object))
         for k in keys:
             arrs[k][rows] = EMPTY
         return arrs

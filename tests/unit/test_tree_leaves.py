@@ -800,16 +800,22 @@ def test_under_a_window_only_the_forests_own_days_lose_their_leaf_ids(cross_fitt
     for u in scan_units(table):
         tbl, part = read_unit(u, ["example_id", "event_timestamp", "date"])
         date_of.update(zip(tbl.column("example_id").to_pylist(), row_dates(tbl, part)))
-    for batch in BatchLoader(on, table, fit_dense_stats(on, table), "train", batch_size=400, num_workers=0,
-                             leaves=forest, days=split):
-        lengths = batch.sparse.to_dict()[key].lengths().numpy()
-        fitted = fit_fraction(list(batch.example_ids)) < forest.fit_share
-        own = np.array([date_of[e] in forest.fit["window"]["train"] for e in batch.example_ids])
-        np.testing.assert_array_equal(lengths, np.where(own & fitted, 0, trees))
-        seen["own, fitted"] += int((own & fitted).sum())
-        seen["own, not fitted"] += int((own & ~fitted).sum())
-        seen["newer"] += int((~own).sum())
+    def check(own_days: list[str]) -> None:
+        for batch in BatchLoader(on, table, fit_dense_stats(on, table), "train", batch_size=400, num_workers=0,
+                                 leaves=forest, days=split):
+            lengths = batch.sparse.to_dict()[key].lengths().numpy()
+            fitted = fit_fraction(list(batch.example_ids)) < forest.fit_share
+            own = np.array([date_of[e] in own_days for e in batch.example_ids])
+            np.testing.assert_array_equal(lengths, np.where(own & fitted, 0, trees))
+            seen["own, fitted"] += int((own & fitted).sum())
+            seen["own, not fitted"] += int((own & ~fitted).sum())
+            seen["newer"] += int((~own).sum())
+
+    check(days[:-2])
     assert min(seen.values()) > 50, seen
+    # a fit that held out only a share of its newest day trained on the rest of that day too
+    forest.fit["window"]["validation_share"] = 0.5
+    check(days[:-1])
 
 
 def test_fit_trees_if_on_fits_only_for_a_network_that_reads_leaves(fitted, tmp_path) -> None:
