@@ -24,8 +24,8 @@ def tiny(data: dict[str, Any], *, data_root: Path, workdir: Path, name: str | No
     data["features"] = dict(data["features"])
     data["features"]["sparse"] = [{**f, "num_embeddings": min(f.get("num_embeddings", 100_000), 4096)}
                                   for f in data["features"]["sparse"]]
-    # no leaf features (on by default): DAG tests that write their table without the features DAG
-    # would need a `fit_trees` run; the demo's end-to-end test runs them
+    # no leaf features (on by default): DAG tests that run a model task alone would need a
+    # `fit_trees` run first; the demo's end-to-end test runs them
     data["models"] = {"teacher": TEACHER, "student": STUDENT,
                       "baselines": {"separate": False, "pooled": False, "multitask": "none"}, "leaves": {"models": []}}
     data["training"] = {**data.get("training", {}), "batch_size": 512, "epochs": 1, "nproc": 1}

@@ -359,7 +359,7 @@ class ExampleStream(IterableDataset):
         arrs = enc.encode(tbl, part, keep)
         if self.split == "train" and self.leaves is not None and self.cross_fit:  # no leaf ids on the trees' own rows
             dates = None
-            if self.days is not None:  # a forest fitted on a window saw only its train days
+            if self.days is not None and self.leaves.fit_share < 1.0:  # a window's forest saw only its own days
                 dates = np.asarray(dates_ids[0] if dates_ids is not None else row_dates(tbl, part), dtype=object)[keep]
             self.leaves.empty_fitted(arrs, dates)
         for o, (lab, msk) in heads.items():  # one 1-D column per head, so `pack` ships them as it does labels

@@ -16,8 +16,8 @@ def tiny(config: PlatformConfig, data_root: str | None = None, rows_cap: int = 3
             "teacher": small,
             "student": small.model_copy(update={"embedding_dim": 4, "table_scale": 0.5, "domain_untied": False}),
             "baselines": config.models.baselines.model_copy(update={"size": small.model_copy(update={"domain_untied": False})}),
-            # no leaf features: a test that builds its table without `lattice features` (which fits
-            # the trees) would need its own `lattice trees fit`; tests of the leaves turn them on
+            # no leaf features: a test that trains outside the pipeline (whose teacher DAG fits the
+            # trees) would need its own `lattice trees fit`; tests of the leaves turn them on
             "leaves": config.models.leaves.model_copy(update={"models": []}),
         }),
         "training": config.training.model_copy(update={"batch_size": batch_size, "num_workers": 0, "lr_dense": 0.003, "lr_sparse": 0.01}),
