@@ -250,7 +250,8 @@ class SparseFeature(Strict):
     rule, `mixed_alpha`), both projected to the token width. `zch`: TorchRec's managed-collision
     table (LFU eviction). `learned`: frequent ids get rows of their own, the rest are clustered so
     that similar ids share a row, unseen ids fall into a reserved hashed range. `vocab`, `mixed`
-    and `learned` need `lattice hashing fit CONFIG` after the features stage."""
+    and `learned` need `lattice hashing fit CONFIG` after the features stage (the teacher DAG's
+    first task; under training.window, on the teacher's train days)."""
     min_count: int | None = Field(default=None, ge=1)
     """`vocab`, `mixed`, `learned`: an id must appear this many times in the training window to be
     in the fitted map; rarer ids are treated as unseen. Unset: 1 for `vocab` and `mixed` (every

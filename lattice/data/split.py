@@ -40,9 +40,14 @@ def hash_split(config: PlatformConfig, example_ids: Iterable[str]) -> np.ndarray
     return np.where(u < test, "test", np.where(u < test + val, "validation", "train")).astype(object)
 
 
+def hash_fraction_sql(id_sql: str = "example_id") -> str:
+    """Spark SQL twin of `hash_fraction`: the same u in [0, 1) for the same id."""
+    return f"(CAST(conv(substr(sha2(CAST({id_sql} AS STRING), 256), 1, {_DIGITS}), 16, 10) AS DOUBLE) / {float(16**_DIGITS)!r})"
+
+
 def hash_split_sql(config: PlatformConfig, id_sql: str = "example_id") -> str:
     """Spark SQL twin of `hash_split`."""
-    u = f"(CAST(conv(substr(sha2({id_sql}, 256), 1, {_DIGITS}), 16, 10) AS DOUBLE) / {float(16**_DIGITS)!r})"
+    u = hash_fraction_sql(id_sql)
     test = config.training.test_fraction
     val = config.training.validation_fraction
     return f"CASE WHEN {u} < {test!r} THEN 'test' WHEN {u} < {test + val!r} THEN 'validation' ELSE 'train' END"

@@ -16,9 +16,10 @@ def _read_json(path: Path) -> dict[str, Any]:
     return json.loads(path.read_text()) if path.exists() else {}
 
 
-# the teacher steps of a daily round (its baselines train once, on the first window); the trees
-# are fitted on the round's window as in the teacher DAG (a warm-started model keeps its parent's)
-ROUND_TEACHER_STEPS = ("fit_trees", "train_teacher", "evaluate_teacher", "register_teacher")
+# the teacher steps of a daily round (its baselines train once, on the first window); the id maps
+# and the trees are fitted on the round's window as in the teacher DAG (a warm-started model keeps
+# its parent's: refitted maps, the same forest)
+ROUND_TEACHER_STEPS = ("fit_hashing", "fit_trees", "train_teacher", "evaluate_teacher", "register_teacher")
 
 
 def run_demo(config: PlatformConfig, paths: Paths, rows: int, nproc: int = 2, epochs: int | None = None,

@@ -1,7 +1,9 @@
 """Stage `hashing_fit` (`lattice hashing fit CONFIG`): fit the id -> row maps of every sparse
 feature whose hashing needs one (vocab, mixed, learned) on the training split of the table
 training reads (`find_table`: the training set, else the consolidated examples), one map per row
-budget some model of the config uses for the feature, saved under `paths.hashing`.
+budget some model of the config uses for the feature, saved under `paths.hashing`. With
+`training.window` the training split is the window's train days (`end`), as for the teacher: the
+pipeline runs this step first in the teacher's DAG, on the teacher's interval.
 
 Spark does the pass over the table (one aggregation for the window, one per feature column);
 the maps are built on the driver from the per-id counts, which are a row per distinct id.
@@ -21,11 +23,18 @@ log = logging.getLogger("lattice.hashing")
 
 
 def fit_hashing(config: PlatformConfig, paths: Paths, master: str | None = None, seed: int = 0,
-                progress: Callable[[str, dict[int, dict[str, Any]]], None] | None = None) -> dict[str, Any]:
-    """Fit and save the maps; returns {"table", "window", "features": {name: {budget: stats}},
+                progress: Callable[[str, dict[int, dict[str, Any]]], None] | None = None, end: str | None = None,
+                data_end: str | None = None, validation_share: float | None = None) -> dict[str, Any]:
+    """Fit and save the maps; returns {"table", "window", "days", "features": {name: {budget: stats}},
     "timings" (seconds per phase), "seconds"}.
-    `progress(feature, {budget: fitted map})` is called as each feature is saved (the CLI prints it)."""
+    `progress(feature, {budget: fitted map})` is called as each feature is saved (the CLI prints it).
+    `end` / `data_end` / `validation_share`: a windowed run's interval end and held-out share of its
+    newest day, as `train` takes them: the maps fit on the window's train rows only (the stored
+    split marks rows of every day train, the window's validation and test days included, and
+    `learned` clusters ids by their labels). The fit records the window; training refuses maps of
+    another one (`lattice.hashing.store.load_fitted`)."""
     from lattice.data.loader import find_table
+    from lattice.data.window import resolve as resolve_window
     from lattice.hashing import id_stats, maps
     from lattice.hashing.store import save_fitted, table_fingerprint
     from pipelines.spark import get_spark
@@ -35,14 +44,18 @@ def fit_hashing(config: PlatformConfig, paths: Paths, master: str | None = None,
     if not need:
         return {"features": {}, "seconds": 0.0, "note": "no sparse feature uses vocab, mixed or learned hashing"}
     table = find_table(paths)
+    window_days = resolve_window(config, table, end or data_end)
+    held_out = config.training.window_validation if validation_share is None else validation_share
+    days = window_days.splits(validation_share=held_out) if window_days is not None else None
     timings: dict[str, float] = {}
     t = time.perf_counter()
     spark = get_spark(master, app_name="lattice-hashing", config=config)
     timings["spark_session"] = round(time.perf_counter() - t, 3)
     t = time.perf_counter()
-    df, split_column = id_stats.train_frame(spark, config, table)
+    df, split_column = id_stats.train_frame(spark, config, table, days)
     window = id_stats.window_of(df, config, split_column)
-    fingerprint = table_fingerprint(table, window.rows)
+    days_json = {**window_days.to_json(), "validation_share": held_out} if window_days is not None else None
+    fingerprint = {**table_fingerprint(table, window.rows), "window": days_json}
     timings["window"] = round(time.perf_counter() - t, 3)
     cache: dict[tuple[str, bool], id_stats.IdStats] = {}
     out: dict[str, dict[int, dict[str, Any]]] = {}
@@ -67,4 +80,4 @@ def fit_hashing(config: PlatformConfig, paths: Paths, master: str | None = None,
             progress(f.name, fits)
     return {"table": str(table), "hashing": str(paths.hashing),
             "window": {"split": "train", "rows": window.rows, "start": window.start, "end": window.end},
-            "features": out, "timings": timings, "seconds": round(time.perf_counter() - t0, 3)}
+            "days": days_json, "features": out, "timings": timings, "seconds": round(time.perf_counter() - t0, 3)}

@@ -13,12 +13,16 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from lattice.config import PlatformConfig
 from lattice.data import schema as S
-from lattice.data.split import hash_split_sql
+from lattice.data.split import hash_fraction_sql, hash_split_sql
+
+if TYPE_CHECKING:
+    from lattice.data.window import DaySplits
 
 
 @dataclass(frozen=True)
@@ -63,15 +67,48 @@ class IdStats:
     seconds: float
 
 
-def train_frame(spark, config: PlatformConfig, table: Path):
-    """The table's training rows, read as training reads them (`split == 'train'`)."""
+def train_frame(spark, config: PlatformConfig, table: Path, days: "DaySplits | None" = None):
+    """The table's training rows, read as training reads them: a windowed run's train days (and,
+    when it holds out only a share of its newest day, the rest of that day: `DaySplits.split_of`),
+    else the stored split (`split == 'train'`)."""
     from pyspark.sql import functions as F
 
     df = spark.read.parquet(str(table))
+    if days is not None:
+        return df.where(window_train_sql(df, days)), "split" in df.columns
     if "split" in df.columns:
         return df.where(F.col("split") == "train"), True
     # a table written before the split column existed: the loader applies the hash rule
     return df.where(F.expr(hash_split_sql(config)) == "train"), False
+
+
+def row_date_sql(df):
+    """Each row's date as YYYY-MM-DD, as `lattice.data.window.row_dates` reads it: the `date`
+    partition or column, else the event time's UTC day (the session's time zone is UTC)."""
+    from pyspark.sql import functions as F
+
+    if "date" in df.columns:
+        return F.substring(F.col("date").cast("string"), 1, 10)
+    if "event_timestamp" in df.columns:
+        return F.date_format(F.col("event_timestamp"), "yyyy-MM-dd")
+    raise ValueError("a windowed fit (training.window) needs each example's date: the table has no `date` "
+                     "partition or column and no `event_timestamp`; rebuild it with `lattice features CONFIG`")
+
+
+def window_train_sql(df, days: "DaySplits"):
+    """The Spark twin of `days.split_of(dates, ids, "train")` for a run without a parent (no
+    replayed or matured days: a warm start refits its parent's maps instead, lattice.hashing.refit)."""
+    from pyspark.sql import functions as F
+
+    if days.replay or days.matured:
+        raise ValueError("a warm start's days (replayed or matured) take the parent's refitted maps, not a new fit")
+    date = row_date_sql(df)
+    train = [d for d, s in days.days.items() if s == "train"]
+    keep = date.isin(train) if train else F.lit(False)
+    shared = days.validation_day()
+    if shared is not None and days.validation_share < 1:  # the newest day's rows not held out train too
+        keep = keep | ((date == shared) & (F.expr(hash_fraction_sql()) >= F.lit(days.validation_share)))
+    return keep
 
 
 def _label(df, objective: str):

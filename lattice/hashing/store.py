@@ -19,7 +19,8 @@ dict with exactly these keys, the contract the model side reads:
 On disk, under `paths.hashing`, one `<feature>.npz` (the arrays of every R) and one
 `<feature>.json` (everything else, plus the fingerprint of what it was fitted on). `load_fitted`
 refuses a fit that is missing, or stale: fitted on a training split of another size, for other
-hashing keys, or for row budgets the config no longer uses. A stale fit would not fail loudly in
+hashing keys, or for row budgets the config no longer uses; `check_window` refuses one fitted on
+other days than a windowed run's. A stale fit would not fail loudly in
 training; it would silently map ids to rows fitted for other data.
 """
 
@@ -121,6 +122,8 @@ def _table_change(recorded: dict[str, Any], table: Path | None) -> str | None:
         return None  # nothing to compare with here (training fails on the missing table itself)
     if _table_files(table) == recorded["files"]:
         return None
+    if recorded.get("window"):  # a window's rows: counting the stored split says nothing of them
+        return f"the table {table} was rewritten after the fit on the window ending {recorded['window']['end']}"
     now = train_rows(table)
     if now is None:  # no split column: the fit applied the hash rule; the file list changed, so refit
         return f"the table {table} was rewritten after the fit"
@@ -191,6 +194,43 @@ def _stale_reason(config: PlatformConfig, feature, meta: dict[str, Any], fits: d
         if content_version(m) != m.get("version"):
             return f"the arrays of budget {r} do not match their recorded version (a torn or edited file)"
     return _table_change(fp, table)
+
+
+def check_window(config: PlatformConfig, paths: Paths, window, validation_share: float | None = None) -> None:
+    """Refuse the fitted maps of another window than this run's (`window`: its TrainWindow, None
+    when training.window is unset): maps fitted on the stored split or on other days may have
+    counted the ids and (learned) the labels of this run's validation or test rows, and so may a
+    fit that held out less of the newest day than the run does. Raises FitStaleError naming the
+    command; a missing fit is left to `load_fitted`."""
+    held_out = config.training.window_validation if validation_share is None else validation_share
+    wanted = window.to_json() if window is not None else None
+    wrong: list[str] = []
+    for f in needs_fit(config):
+        try:
+            _, meta = read_fitted(paths, f.name)
+        except FitMissingError:
+            continue
+        fitted = meta.get("fingerprint", {}).get("window")
+        if wanted is None and fitted is None:
+            continue
+        same = (fitted is not None and wanted is not None and fitted["train"] == wanted["train"]
+                and fitted["validation"] == wanted["validation"])
+        if same and float(fitted.get("validation_share", 1.0)) >= held_out:
+            continue
+        on = (f"the window {fitted['train'][0]}..{fitted['validation']}" if fitted else "the table's stored split (no window)")
+        if same:
+            on += f" holding out {fitted.get('validation_share', 1.0):g} of its newest day (this run: {held_out:g})"
+        wrong.append(f"{f.name!r} was fitted on {on}")
+    if not wrong:
+        return
+    if wanted is None:
+        raise FitStaleError(f"the fitted id map of sparse feature(s) {'; '.join(wrong)}, and this run reads the stored "
+                            f"split (training.window is unset); run `{fit_command(config)}` again")
+    raise FitStaleError(
+        f"the fitted id map of sparse feature(s) {'; '.join(wrong)}; this run trains on the window "
+        f"{wanted['train'][0]}..{wanted['validation']} (training.window, interval end {wanted['end']}), so the maps may "
+        f"have counted the ids and labels of its validation or test rows. Refit them for this window: "
+        f"`{fit_command(config)} --end {wanted['end']}` (the pipeline's fit_hashing step does it)")
 
 
 def load_fitted(config: PlatformConfig, paths: Paths, table: Path | None = None) -> dict[str, dict[int, dict]]:

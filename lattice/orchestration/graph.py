@@ -105,12 +105,6 @@ def _features(config: PlatformConfig) -> list[TaskSpec]:
                  "Point-in-time join of examples and Feast features into the training set.", forward=days,
                  reads=("consolidated", "feast_repo"), writes=("training_set",)),
     ]
-    if any(f.hashing in HASHING_NEEDS_FIT for f in config.features.sparse):
-        # on the table training reads, and before `materialize` announces the features asset
-        # (which starts teacher training, and training refuses a missing or stale fit)
-        steps.append(TaskSpec("fit_hashing", "hashing_fit",
-                              "Fit the id -> row maps of the vocab / mixed / learned sparse features on the training split.",
-                              forward={"spark_master": "master"}, reads=("training_set",), writes=("hashing",)))
     steps.append(TaskSpec("materialize", "materialize", "Load the latest feature values into the online store.",
                           forward=days, outlet="features", reads=("feast_repo",), writes=("online_store",)))
     return [_in(s, "features") for s in steps]
@@ -131,9 +125,10 @@ def _baselines(config: PlatformConfig) -> list[TaskSpec]:
     """The baselines after the teacher is registered (a failed baseline never holds back the teacher
     or the DAGs its asset triggers): the neural ones on one process, then the LightGBM ones and one
     report with the teacher beside the trees."""
-    # `end`: a windowed run's baselines train and are tested on the teacher's days
+    # `end`, `validation_share`: a windowed run's baselines train and are tested on the teacher's days
     steps = [_model_task(f"train_{n}", "train", f"Baseline `{n}` on the teacher's split and features (1 process).",
-                         forward={"epochs": "epochs", "end": "end"}, fixed={"model": n, "nproc": 1}, replaces_model=n,
+                         forward={"epochs": "epochs", "end": "end", "validation_share": "validation_share"},
+                         fixed={"model": n, "nproc": 1}, replaces_model=n,
                          reads=("training_set",), writes=(f"model:{n}",))
              for n in neural_baselines(config)]
     trees = tree_baselines(config)
@@ -158,7 +153,16 @@ def _train_teacher(config: PlatformConfig) -> list[TaskSpec]:
                       "teacher's train split (a windowed run's train days), validation only to stop early.",
                       forward={"end": "end", "validation_share": "validation_share"},
                       reads=("training_set",), writes=("trees",))] if config.models.leaves.models else []
+    # the id maps of vocab / mixed / learned features, likewise on the teacher's days (a fit on the
+    # stored split counted the ids, and for `learned` the labels, of the window's test day)
+    hashing = [TaskSpec("fit_hashing", "hashing_fit",
+                        "Fit the id -> row maps of the vocab / mixed / learned sparse features on the teacher's train "
+                        "split (a windowed run's train days).",
+                        forward={"end": "end", "validation_share": "validation_share"},
+                        reads=("training_set",), writes=("hashing",))] \
+        if any(f.hashing in HASHING_NEEDS_FIT for f in config.features.sparse) else []
     steps = [
+        *hashing,
         *trees,
         _model_task("train_teacher", "train", "Sharded teacher training under torchrun on the training set.",
                     forward={**TRAINING, "warm_start": "warm_start", "validation_share": "validation_share"},
@@ -262,8 +266,8 @@ def check_order(steps: list[TaskSpec]) -> None:
 def select(steps: list[TaskSpec], start: str | None = None, stop: str | None = None,
            families: tuple[Family, ...] = RUN_FAMILIES) -> list[TaskSpec]:
     """The steps of `families` from step (or family) `start` to `stop`, both included. A name that
-    is a family and a step (`train_teacher`) starts at the family's first step (`fit_trees`, which
-    prepares the teacher's days) and stops at the step."""
+    is a family and a step (`train_teacher`) starts at the family's first step (`fit_hashing` or
+    `fit_trees`, which prepare the teacher's days) and stops at the step."""
     run = [s for s in steps if s.family in families]
     names = [s.task_id for s in run]
 

@@ -92,8 +92,11 @@ def train(config: PlatformConfig, paths: Paths, model: str = "teacher", nproc: i
     parent = ws.find_parent(config, paths, model, mode) if mode != "none" else None
     if mode != "none" and parent is None:
         logging.getLogger(__name__).info("warm start %s: no parent model yet; %s trains from scratch", mode, model)
-    if parent is None:  # leaves on and no tree fit of this window: refused before anything moves
+    if parent is None:  # leaves on and no tree fit of this window, id maps of other days: refused before anything moves
         forest_for(config, paths, kind_of(model), window=window, validation_share=validation_share)
+        from lattice.hashing.store import check_window
+
+        check_window(config, paths, window, validation_share)
     out.mkdir(parents=True, exist_ok=True)
     if not resume:
         (out / "warm_maps.pt").unlink(missing_ok=True)  # a previous warm start's refit, never this run's

@@ -58,13 +58,17 @@ def test_config_decides_the_optional_steps(demo) -> None:
     fitted = bare.model_copy(update={"features": bare.features.model_copy(update={"sparse": sparse})})
     ids = [s.task_id for s in pipeline(fitted)]
     assert "synthesize_raw_logs" not in ids
-    # the fit runs on the training set and before the features asset is announced
-    assert ids.index("training_set") < ids.index("fit_hashing") < ids.index("materialize")
-    # leaf ids (models.leaves, on by default): the trees are fitted in the teacher's family, on its
-    # days (the run's `end`), right before it
-    assert ids.index("materialize") < ids.index("fit_trees") == ids.index("train_teacher") - 1
+    # the id maps and the leaf ids' trees (models.leaves, on by default) are fitted first in the
+    # teacher's family, on its days (the run's `end` and held-out share), right before it
+    assert ids.index("materialize") < ids.index("fit_hashing") == ids.index("fit_trees") - 1
+    assert ids.index("fit_trees") == ids.index("train_teacher") - 1
     steps = {s.task_id: s for s in pipeline(fitted)}
-    assert steps["fit_trees"].family == "train_teacher" and steps["fit_trees"].forward["end"] == "end"
+    for fit in ("fit_hashing", "fit_trees"):
+        assert steps[fit].family == "train_teacher" and steps[fit].forward == {"end": "end", "validation_share": "validation_share"}
+    # the neural baselines train on the teacher's days, so they read the same maps
+    assert steps["train_separate"].forward["validation_share"] == "validation_share"
+    assert [s.task_id for s in select(pipeline(fitted), "train_teacher", "train_teacher")] == [
+        "fit_hashing", "fit_trees", "train_teacher"]
     m = fitted.models
     off = fitted.model_copy(update={"models": m.model_copy(update={"leaves": m.leaves.model_copy(update={"models": []})})})
     assert "fit_trees" not in [s.task_id for s in pipeline(off)]

@@ -257,15 +257,16 @@ def test_modulo_collision_note() -> None:
     assert collision_note(uid.model_copy(update={"hashing": "vocab"}), 20_000, 200_000) is None
 
 
-def test_features_dag_fits_only_when_a_feature_needs_it(tmp_path) -> None:
+def test_teacher_dag_fits_only_when_a_feature_needs_it(tmp_path) -> None:
     from lattice.orchestration.spec import dag_specs
 
-    def tasks(cfg: PlatformConfig) -> list[str]:
-        return [t.task_id for t in next(s for s in dag_specs(cfg) if s.family == "features").tasks]
+    def tasks(cfg: PlatformConfig, family: str = "train_teacher") -> list[str]:
+        return [t.task_id for t in next(s for s in dag_specs(cfg) if s.family == family).airflow_tasks]
 
     assert "fit_hashing" not in tasks(load_config(ROOT / "configs" / "demo.yaml"))
     ids = tasks(_config(tmp_path))
-    assert ids.index("training_set") < ids.index("fit_hashing") < ids.index("materialize")
+    assert ids[0] == "fit_hashing" and "train_teacher" in ids  # its own task: the Spark steps are the features DAG's
+    assert not any("fit_hashing" in t for t in tasks(_config(tmp_path), "features"))
 
 
 def test_cli_registers_hashing_fit() -> None:
@@ -350,3 +351,59 @@ def test_rare_ids_stay_out_of_the_map_and_train_the_unseen_range() -> None:
     # min_count 1 maps every seen id and keeps the 5% range, which no training row then reaches
     every = learned_map(feature.model_copy(update={"min_count": 1}), 40, stats, window)
     assert len(every["ids"]) == n and every["oov_rows"] == 2
+
+
+def test_a_windowed_fit_counts_only_the_windows_train_rows_and_training_refuses_maps_of_other_days(
+        fitted_table, tmp_path, spark) -> None:
+    """Under training.window the maps fit on the window's train days (and the part of its newest
+    day a run trains on), the same rows as the loader's rule, never the test day's; a run refuses
+    maps of another window, of the stored split, or that held out less of the newest day."""
+    from lattice.data.loader import read_unit, scan_units
+    from lattice.data.window import resolve, row_dates
+    from lattice.hashing.store import check_window
+    from lattice.training.stages import train
+
+    cfg, paths, _, _ = fitted_table
+    m = cfg.models
+    windowed = cfg.model_copy(update={
+        "training": cfg.training.model_copy(update={"window": "2d"}),
+        "models": m.model_copy(update={"leaves": m.leaves.model_copy(update={"models": []})})})
+    work = Paths.for_config(windowed, tmp_path / "work")
+    work.consolidated.parent.mkdir(parents=True)
+    work.consolidated.symlink_to(paths.consolidated, target_is_directory=True)
+    dates, ids, users, stored = [], [], [], []
+    for u in scan_units(paths.consolidated):
+        tbl, part = read_unit(u, ["example_id", "user_id", "split"])
+        dates += row_dates(tbl, part)
+        ids += tbl.column("example_id").to_pylist()
+        users += [-1 if v is None else v for v in tbl.column("user_id").to_pylist()]
+        stored += tbl.column("split").to_pylist()
+    users, stored = np.asarray(users), np.asarray(stored)
+    end = "2026-01-03"  # train 2026-01-01, validation 2026-01-02, test 2026-01-03 (the table's newest day)
+    window = resolve(windowed, work.consolidated, end)
+    assert (window.train, window.validation, window.test) == (("2026-01-01",), "2026-01-02", "2026-01-03")
+    for share in (1.0, 0.5):
+        summary = fit_hashing(windowed, work, end=end, validation_share=share)
+        rows = window.splits(validation_share=share).split_of(dates, ids, "train")
+        assert summary["window"]["rows"] == int(rows.sum()) and summary["days"]["validation_share"] == share
+        assert not (rows & (np.asarray(dates) == "2026-01-03")).any()
+        # the stored split marks rows of the test day train: the old fit counted them
+        assert int(((stored == "train") & (np.asarray(dates) == "2026-01-03")).sum()) > 0
+        vocab = load_fitted(windowed, work)["user_id"]
+        for fitted in vocab.values():  # each kept id's count is its rows among the window's train rows
+            want = {int(i): int(c) for i, c in zip(*np.unique(users[rows & (users >= 0)], return_counts=True))}
+            assert {int(i): int(c) for i, c in zip(fitted["ids"], fitted["counts"])}.items() <= want.items()
+            assert len(fitted["ids"]) > 0
+        check_window(windowed, work, window, share)  # its own window
+    with pytest.raises(FitStaleError, match=r"holding out 0.5 of its newest day \(this run: 1\).*--end 2026-01-03"):
+        check_window(windowed, work, window, 1.0)
+    later = resolve(windowed, work.consolidated, "2026-01-04")
+    with pytest.raises(FitStaleError, match=r"window 2026-01-01\.\.2026-01-02.*--end 2026-01-04"):
+        check_window(windowed, work, later, 0.5)
+    with pytest.raises(FitStaleError, match=r"training.window is unset"):
+        check_window(cfg, work, None)
+    with pytest.raises(FitStaleError, match=r"stored split \(no window\).*lattice hashing fit .* --end 2026-01-03"):
+        check_window(windowed, paths, window)  # the fixture's fit: the stored split
+    with pytest.raises(FitStaleError, match=r"stored split \(no window\)"):  # training refuses it before anything moves
+        train(windowed, paths, "teacher", end=end)
+    assert not paths.model_dir("teacher").exists()
