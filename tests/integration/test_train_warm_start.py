@@ -124,7 +124,7 @@ def test_nothing_new_to_train_is_an_error(setup) -> None:
 
 def test_vocab_refit_keeps_known_ids_rows_and_gives_new_ids_free_rows(setup) -> None:
     from lattice.data.loader import find_table
-    from lattice.data.window import DaySplits
+    from lattice.data.window import DaySplits, resolve
     from lattice.hashing.budgets import fit_keys, row_budgets
     from lattice.hashing.id_stats import IdStats, Window
     from lattice.hashing.maps import ranked_map
@@ -141,7 +141,11 @@ def test_vocab_refit_keeps_known_ids_rows_and_gives_new_ids_free_rows(setup) -> 
     stats = IdStats("ad_id", ids, counts, None, None, None, int(counts.sum()), 0.0)
     window = Window(int(counts.sum()), "2026-01-01", "2026-01-02", True, np.zeros((1, 1)), np.zeros(1))
     fits = {r: ranked_map(feat, r, stats, window) for r in row_budgets(cfg, feat)}
-    save_fitted(paths, "ad_id", fits, {**table_fingerprint(table, int(counts.sum())), "keys": fit_keys(feat), "seed": 0})
+    # recorded as fitted on END_A's window, as `lattice hashing fit --end END_A` records it
+    days = {**resolve(cfg, table, END_A).to_json(), "validation_share": 1.0}
+    assert days["train"] == ["2026-01-01", "2026-01-02"]
+    save_fitted(paths, "ad_id", fits, {**table_fingerprint(table, int(counts.sum())), "keys": fit_keys(feat), "seed": 0,
+                                       "window": days})
 
     train(cfg, paths, model="teacher@v", nproc=1, end=END_A, progress=False)
     a = _blob(paths, "teacher@v")
