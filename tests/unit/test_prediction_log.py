@@ -171,7 +171,8 @@ def test_full_queue_drops_and_counts(config, tmp_path):
 def test_metrics_parse_and_count_cells(config, tmp_path):
     with TestClient(_app(config, tmp_path)) as client:
         client.post("/predict", json=_req(0, price=10.0))
-        client.post("/predict", json={"requests": [_req(1, price=30.0), _req(2, "search", user=404), _req(3, "search")]})
+        client.post("/predict", json={"requests": [_req(1, price=30.0), _req(2, "search", user=404),
+                                                   _req(3, "search", user=404)]})
         client.post("/predict", content=b"not json", headers={"content-type": "application/json"})
         client.get("/healthz")
         fam = _families(client.get("/metrics").text)
@@ -180,7 +181,8 @@ def test_metrics_parse_and_count_cells(config, tmp_path):
                                 domain=d, objective=o)
     assert (count("feed", "click"), count("search", "click"), count("search", "conversion")) == (2, 2, 2)
     assert total("feed", "click") == pytest.approx(0.2 + 0.4)  # p = 0.1 + price / 100
-    assert _value(fam, "lattice_unknown_entities", "lattice_unknown_entities_total", entity="user_id") == 1
+    # two unknown users in one batch: counted per key, once for the batch
+    assert _value(fam, "lattice_unknown_entities", "lattice_unknown_entities_total", entity="user_id") == 2
     assert _value(fam, "lattice_online_store_errors", "lattice_online_store_errors_total") == 0
     assert _value(fam, "lattice_responses", "lattice_responses_total", route="/predict", status="200") == 2
     assert _value(fam, "lattice_responses", "lattice_responses_total", route="/predict", status="422") == 1
