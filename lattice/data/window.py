@@ -211,6 +211,45 @@ def resolve(config: PlatformConfig, table: Path, end: str | dt.date | None = Non
     return TrainWindow(tuple(days[:-1]), days[-1], stop.isoformat(), stop.isoformat())
 
 
+@dataclass(frozen=True)
+class FitDays:
+    """The days a fit made for one run reads (`lattice trees fit`, `lattice hashing fit`): the run's
+    window (None without training.window), its day -> split map, and what the fit records."""
+
+    window: "TrainWindow | None"
+    splits: DaySplits | None
+    record: dict | None
+    """The window and the share of its newest day held out, as a fit's manifest keeps it."""
+
+
+def fit_days(config: PlatformConfig, table: Path, end: str | None, validation_share: float | None) -> FitDays:
+    """The train / validation days of the run that ends at `end` with `validation_share` of its
+    newest day held out (training.window_validation by default), as `train` resolves them."""
+    window = resolve(config, table, end)
+    if window is None:
+        return FitDays(None, None, None)
+    held_out = config.training.window_validation if validation_share is None else validation_share
+    return FitDays(window, window.splits(validation_share=held_out), {**window.to_json(), "validation_share": held_out})
+
+
+def fitted_elsewhere(recorded: dict | None, window: "TrainWindow | None", validation_share: float) -> str | None:
+    """Why a fit recorded on `recorded` days (`FitDays.record`, None: the stored split) may have seen
+    labels of a run on `window` holding out `validation_share` of its newest day: "the window
+    A..B", "the table's stored split (no window)", or the share it held out; None when it may serve.
+    A fit that held out at least the run's share of the same days serves it."""
+    wanted = window.to_json() if window is not None else None
+    if recorded is None and wanted is None:
+        return None
+    same = (recorded is not None and wanted is not None and recorded["train"] == wanted["train"]
+            and recorded["validation"] == wanted["validation"])
+    if same and float(recorded.get("validation_share", 1.0)) >= validation_share:
+        return None
+    on = f"the window {recorded['train'][0]}..{recorded['validation']}" if recorded else "the table's stored split (no window)"
+    if same:
+        on += f" holding out {recorded.get('validation_share', 1.0):g} of its newest day (this run: {validation_share:g})"
+    return on
+
+
 def row_dates(tbl, partition: dict[str, str]) -> list[str]:
     """Each row's stored date (YYYY-MM-DD): its `date` partition, its `date` column, or its event time."""
     if "date" in partition:

@@ -34,7 +34,7 @@ def fit_hashing(config: PlatformConfig, paths: Paths, master: str | None = None,
     `learned` clusters ids by their labels). The fit records the window; training refuses maps of
     another one (`lattice.hashing.store.load_fitted`)."""
     from lattice.data.loader import find_table
-    from lattice.data.window import resolve as resolve_window
+    from lattice.data.window import fit_days
     from lattice.hashing import id_stats, maps
     from lattice.hashing.store import save_fitted, table_fingerprint
     from pipelines.spark import get_spark
@@ -44,18 +44,15 @@ def fit_hashing(config: PlatformConfig, paths: Paths, master: str | None = None,
     if not need:
         return {"features": {}, "seconds": 0.0, "note": "no sparse feature uses vocab, mixed or learned hashing"}
     table = find_table(paths)
-    window_days = resolve_window(config, table, end or data_end)
-    held_out = config.training.window_validation if validation_share is None else validation_share
-    days = window_days.splits(validation_share=held_out) if window_days is not None else None
+    run = fit_days(config, table, end or data_end, validation_share)
     timings: dict[str, float] = {}
     t = time.perf_counter()
     spark = get_spark(master, app_name="lattice-hashing", config=config)
     timings["spark_session"] = round(time.perf_counter() - t, 3)
     t = time.perf_counter()
-    df, split_column = id_stats.train_frame(spark, config, table, days)
+    df, split_column = id_stats.train_frame(spark, config, table, run.splits)
     window = id_stats.window_of(df, config, split_column)
-    days_json = {**window_days.to_json(), "validation_share": held_out} if window_days is not None else None
-    fingerprint = {**table_fingerprint(table, window.rows), "window": days_json}
+    fingerprint = {**table_fingerprint(table, window.rows), "window": run.record}
     timings["window"] = round(time.perf_counter() - t, 3)
     cache: dict[tuple[str, bool], id_stats.IdStats] = {}
     out: dict[str, dict[int, dict[str, Any]]] = {}
@@ -80,4 +77,4 @@ def fit_hashing(config: PlatformConfig, paths: Paths, master: str | None = None,
             progress(f.name, fits)
     return {"table": str(table), "hashing": str(paths.hashing),
             "window": {"split": "train", "rows": window.rows, "start": window.start, "end": window.end},
-            "days": days_json, "features": out, "timings": timings, "seconds": round(time.perf_counter() - t0, 3)}
+            "days": run.record, "features": out, "timings": timings, "seconds": round(time.perf_counter() - t0, 3)}

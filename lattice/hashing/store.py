@@ -202,30 +202,24 @@ def check_window(config: PlatformConfig, paths: Paths, window, validation_share:
     counted the ids and (learned) the labels of this run's validation or test rows, and so may a
     fit that held out less of the newest day than the run does. Raises FitStaleError naming the
     command; a missing fit is left to `load_fitted`."""
+    from lattice.data.window import fitted_elsewhere
+
     held_out = config.training.window_validation if validation_share is None else validation_share
-    wanted = window.to_json() if window is not None else None
     wrong: list[str] = []
     for f in needs_fit(config):
         try:
             _, meta = read_fitted(paths, f.name)
         except FitMissingError:
             continue
-        fitted = meta.get("fingerprint", {}).get("window")
-        if wanted is None and fitted is None:
-            continue
-        same = (fitted is not None and wanted is not None and fitted["train"] == wanted["train"]
-                and fitted["validation"] == wanted["validation"])
-        if same and float(fitted.get("validation_share", 1.0)) >= held_out:
-            continue
-        on = (f"the window {fitted['train'][0]}..{fitted['validation']}" if fitted else "the table's stored split (no window)")
-        if same:
-            on += f" holding out {fitted.get('validation_share', 1.0):g} of its newest day (this run: {held_out:g})"
-        wrong.append(f"{f.name!r} was fitted on {on}")
+        on = fitted_elsewhere(meta.get("fingerprint", {}).get("window"), window, held_out)
+        if on is not None:
+            wrong.append(f"{f.name!r} was fitted on {on}")
     if not wrong:
         return
-    if wanted is None:
+    if window is None:
         raise FitStaleError(f"the fitted id map of sparse feature(s) {'; '.join(wrong)}, and this run reads the stored "
                             f"split (training.window is unset); run `{fit_command(config)}` again")
+    wanted = window.to_json()
     raise FitStaleError(
         f"the fitted id map of sparse feature(s) {'; '.join(wrong)}; this run trains on the window "
         f"{wanted['train'][0]}..{wanted['validation']} (training.window, interval end {wanted['end']}), so the maps may "

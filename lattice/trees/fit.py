@@ -56,7 +56,7 @@ def fit_trees(config: PlatformConfig, paths: Paths, seed: int | None = None, end
     days included). The manifest records the window; training refuses a forest of another one.
     `validation_share`: the run's share of the newest day held out (training.window_validation
     unless a retrain overrides it, as `train` takes it)."""
-    from lattice.data.window import resolve as resolve_window
+    from lattice.data.window import fit_days
 
     started = time.perf_counter()
     leaves = config.models.leaves
@@ -65,10 +65,9 @@ def fit_trees(config: PlatformConfig, paths: Paths, seed: int | None = None, end
     seed = config.training.seed if seed is None else seed
     params = lgb_params(settings, seed, settings.num_threads or machine_threads())
     table = find_table(paths)
-    window = resolve_window(config, table, end or data_end)
     # every train day of the window, as the gbdt baseline: a forest is never warm-started
-    held_out = config.training.window_validation if validation_share is None else validation_share
-    days = window.splits(validation_share=held_out) if window is not None else None
+    run = fit_days(config, table, end or data_end, validation_share)
+    days = run.splits
     stats = fit_dense_stats(config, table, days)
     arrs, split = read_rows(config, table, stats, days)
 
@@ -89,7 +88,7 @@ def fit_trees(config: PlatformConfig, paths: Paths, seed: int | None = None, end
             manifest = at(chose)
         manifest["fit_share_auto"] = {"bound": AUTO_GAP, "optimism_at_share_1": gaps, "chose": chose, "why": why}
     manifest["fit_share_setting"] = leaves.fit_share
-    manifest["window"] = {**window.to_json(), "validation_share": held_out} if window is not None else None
+    manifest["window"] = run.record
     manifest["seconds"] = time.perf_counter() - started
     (paths.trees / "manifest.json").write_text(json.dumps(manifest, indent=1))
     return manifest

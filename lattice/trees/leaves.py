@@ -346,13 +346,12 @@ def _same_window(forest: LeafForest, window, paths, hint: str, validation_share:
     """A windowed run reads only a forest fitted on its own days: one fitted on the stored split or
     on another window may have learned the labels of this run's validation or test rows (a fit that
     held out less of the newest day than the run holds out, too)."""
-    fitted, wanted = forest.fit.get("window"), window.to_json()
-    same_days = fitted is not None and fitted["train"] == wanted["train"] and fitted["validation"] == wanted["validation"]
-    if same_days and float(fitted.get("validation_share", 1.0)) >= validation_share:
+    from lattice.data.window import fitted_elsewhere
+
+    on = fitted_elsewhere(forest.fit.get("window"), window, validation_share)
+    if on is None:
         return
-    on = (f"the window {fitted['train'][0]}..{fitted['validation']}" if fitted else "the table's stored split (no window)")
-    if same_days:
-        on += f" holding out {fitted.get('validation_share', 1.0):g} of its newest day (this run: {validation_share:g})"
+    wanted = window.to_json()
     raise NoTreeFit(f"the tree fit at {paths.trees} was fitted on {on}; this run trains on the window "
                     f"{wanted['train'][0]}..{wanted['validation']} (training.window, interval end {wanted['end']}), so its "
                     f"trees may have seen this run's validation or test labels. Refit them for this window: "
