@@ -77,6 +77,8 @@ def build_config(args, seed: int, shock: bool, base: Path):
     cfg = tiny(cfg, data_root=str(base / "raw"), batch_size=256)
     if args.sizes == "config":  # the config's teacher and student (the demo's pair) on the same tiny market and tables
         cfg = cfg.model_copy(update={"models": cfg.models.model_copy(update={"teacher": own.teacher, "student": own.student})})
+    if args.leaves:  # the config's leaf features (tiny() turns them off): the trees fitted per day on its window
+        cfg = cfg.model_copy(update={"models": cfg.models.model_copy(update={"leaves": own.leaves})})
     market = cfg.synthetic.market
     sh = market.shock.model_copy(update={"day": args.shock_day}) if shock and market.shock else None
     cfg = cfg.model_copy(update={
@@ -90,7 +92,8 @@ def build_config(args, seed: int, shock: bool, base: Path):
                                                                       shares=([float(x) for x in args.zipper_shares.split(",")]
                                                                               if args.zipper_shares else None))
                                                                if args.label_delay == "zipper" else cfg.training.zipper),
-                                                    "window_validation": args.window_validation}),
+                                                    "window_validation": args.window_validation,
+                                                    "refresh_every": args.refresh_every}),
         "monitoring": cfg.monitoring.model_copy(update={**({"retrain_validation_share": args.retrain_validation_share}
                                                   if args.retrain_validation_share is not None else {}), "rules": [
             CalibrationRule(kind="calibration", low=args.cal_low, high=args.cal_high,
@@ -670,6 +673,12 @@ def main() -> None:
     ap.add_argument("--replay", type=float, default=0.0,
                     help="training.replay: the share of older window days a warm start trains on beside the new days "
                          "(under mask, the only days whose conversions have matured)")
+    ap.add_argument("--refresh-every", default=None, metavar="Nd",
+                    help="training.refresh_every: the warm chain (a) goes back to scratch once it began N days before "
+                         "the run's interval end (default: never)")
+    ap.add_argument("--leaves", action="store_true",
+                    help="keep the config's leaf features (models.leaves; the tiny sizes turn them off): their trees "
+                         "are fitted every day on the day's window, and a warm chain keeps its first run's")
     ap.add_argument("--replay-rows", default="rotating", choices=["fixed", "rotating"],
                     help="training.replay_rows: the same hashed rows every run, or another share each run")
     ap.add_argument("--shock-day", type=int, default=12, help="0-based day the shock starts (the market's shock.day)")
@@ -720,7 +729,7 @@ def main() -> None:
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; demo market "
           f"{args.days * args.rows_per_day:,} rows over {args.days} days ({args.rows_per_day:,}/day), seed {args.market_seed}; "
           f"shock: {cfg.synthetic.market.shock}; {args.sizes} model sizes; {args.epochs} epoch(s); student warm start "
-          f"{args.student_warm_start}; label delay {args.label_delay}{' ' + args.zipper_windows + (' shares ' + args.zipper_shares if args.zipper_shares else '') if args.label_delay == 'zipper' else ''}; replay {args.replay} ({args.replay_rows}); workdir {base}")
+          f"{args.student_warm_start}; label delay {args.label_delay}{' ' + args.zipper_windows + (' shares ' + args.zipper_shares if args.zipper_shares else '') if args.label_delay == 'zipper' else ''}; replay {args.replay} ({args.replay_rows}); refresh every {args.refresh_every or 'never'}; leaves {'on' if args.leaves else 'off'}; workdir {base}")
     report["market"] = {k: m.get(k) for k in ("rows", "rows_per_domain", "label_sums")}
     serve = None
     if "C" in parts:

@@ -805,6 +805,14 @@ class Training(Strict):
     optimizer state, dense statistics and id maps) on the window's days it has not trained on;
     `champion`: from the registry's champion (the student) or the latest registered version (other
     models). A first run with no parent trains from scratch. See docs/living-over-days.md."""
+    refresh_every: str | None = Field(default=None, pattern=r"^[1-9][0-9]*d$")
+    """With `warm_start`: a run trains from scratch once its chain of warm starts began this many
+    days before the run's interval end (`7d`: a full retrain every week beside the daily warm
+    starts). A warm-started model keeps its parent's leaf-feature trees, id maps and dense
+    statistics, fitted at the chain's first run, so they age as the market moves; a refresh refits
+    them on the run's window (the pipeline's fit steps). Unset: the chain goes on for ever. The
+    lineage records when its chain began (`chain_started`) and why a run refreshed (`refreshed`).
+    See docs/living-over-days.md."""
     warm_dense_stats: Literal["keep", "refit"] = "keep"
     """Warm start: `keep` the parent's dense statistics (z-score means, deviations, clip bounds and
     the numeric encoders' bin edges), which its layers learned on, or `refit` them on the run's
@@ -824,6 +832,9 @@ class Training(Strict):
 
     @model_validator(mode="after")
     def _window_validation(self) -> "Training":
+        if self.refresh_every is not None and self.window is None:
+            raise ValueError(f"training.refresh_every {self.refresh_every} counts days from the interval end of a windowed "
+                             "run, and training.window is unset: set training.window (e.g. '14d') or remove refresh_every")
         if self.window_validation < 1 and self.window is None:
             raise ValueError(f"training.window_validation {self.window_validation} holds out a share of a window's newest "
                              "day, and training.window is unset: set training.window (e.g. '14d') or remove window_validation")

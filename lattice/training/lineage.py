@@ -10,7 +10,9 @@ the model folder; the registry copies it into tags, the export into metadata.jso
      "replayed_days": [...], "replay_share": 0.1,
      "matured_days": [...],                 days trained again on the labels known since the parent (mask)
      "window": null | {"train", "validation", "test", "end"},
-     "judged_on": null | "2026-01-15"}      the day after the window (next-day judgment)
+     "judged_on": null | "2026-01-15",      the day after the window (next-day judgment)
+     "chain_started": null | "2026-01-04",  the interval end of the chain's first (scratch) run
+     "refreshed": null | {"every", "chain_started", "parent"}}  why this run left its parent's chain
 """
 
 from __future__ import annotations
@@ -21,7 +23,10 @@ from pathlib import Path
 from lattice.data.window import DaySplits, TrainWindow
 
 
-def build(mode: str, parent_json: dict | None, window: TrainWindow | None, days: DaySplits | None) -> dict:
+def build(mode: str, parent_json: dict | None, window: TrainWindow | None, days: DaySplits | None,
+          chain_started: str | None = None, refreshed: dict | None = None) -> dict:
+    """`chain_started`: the parent's (a warm start); a run from scratch starts its own chain at its
+    interval end. `refreshed`: training.refresh_every sent this run back to scratch."""
     trained = days.train_days() if days is not None else []
     seen = sorted(set(parent_json["days_seen"] if parent_json else []) | set(trained))
     return {"warm_start": mode if parent_json else "none", "parent": parent_json, "days_seen": seen,
@@ -30,7 +35,15 @@ def build(mode: str, parent_json: dict | None, window: TrainWindow | None, days:
             "matured_days": list(days.matured) if days is not None else [],
             "window": window.to_json() if window is not None else None,
             "judged_on": window.test if window is not None else None,
-            "splits": days.to_json() if days is not None else None}
+            "splits": days.to_json() if days is not None else None,
+            "chain_started": chain_started if parent_json else (window.end if window is not None else None),
+            "refreshed": refreshed}
+
+
+def chain_started(parent_lineage: dict) -> str | None:
+    """When the chain a parent belongs to began; a parent written before lineages kept it counts
+    from its own interval end (its judged day), so a refresh comes no earlier than the rule says."""
+    return parent_lineage.get("chain_started") or parent_lineage.get("judged_on")
 
 
 def read(model_dir: Path) -> dict | None:

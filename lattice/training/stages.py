@@ -34,6 +34,25 @@ from lattice.training.spec import RunSpec
 log = logging.getLogger("lattice.training.ranks")  # what torchrun's ranks write, off a terminal
 
 
+def _refresh(config: PlatformConfig, model: str, parent, window) -> dict | None:
+    """training.refresh_every: why a warm start goes back to scratch (its chain began that many days
+    or more before this run's interval end), or None to continue the parent."""
+    every = config.training.refresh_every
+    if parent is None or window is None or every is None:
+        return None
+    from lattice.data.window import as_date, window_days
+    from lattice.training import lineage
+
+    started = lineage.chain_started(parent.lineage)
+    if started is None or (as_date(window.end) - as_date(started)).days < window_days(every):
+        return None
+    logging.getLogger(__name__).info(
+        "training.refresh_every %s: %s's chain of warm starts began at %s, %d days before this run's interval end %s; "
+        "it trains from scratch on the window (trees, id maps and dense statistics of the window)", every, model,
+        started, (as_date(window.end) - as_date(started)).days, window.end)
+    return {"every": every, "chain_started": started, "parent": str(parent.folder / "model.pt")}
+
+
 def _add_matured_days(config: PlatformConfig, days, window, parent) -> None:
     """Under `label_delay: mask`, a warm start also trains the parent's days whose delayed labels
     became known since the parent's cutoff, on those labels only (lattice.data.label_time)."""
@@ -92,6 +111,9 @@ def train(config: PlatformConfig, paths: Paths, model: str = "teacher", nproc: i
     parent = ws.find_parent(config, paths, model, mode) if mode != "none" else None
     if mode != "none" and parent is None:
         logging.getLogger(__name__).info("warm start %s: no parent model yet; %s trains from scratch", mode, model)
+    refreshed = _refresh(config, model, parent, window)
+    if refreshed is not None:
+        parent = None
     if parent is None:  # leaves on and no tree fit of this window, id maps of other days: refused before anything moves
         forest_for(config, paths, kind_of(model), window=window, validation_share=validation_share)
         from lattice.hashing.store import check_window
@@ -114,7 +136,8 @@ def train(config: PlatformConfig, paths: Paths, model: str = "teacher", nproc: i
         raise ws.WarmStartError(f"nothing to train {model!r} on: its parent has trained on every train day of the window "
                          f"{window.train[0]}..{window.train[-1]} and training.replay is 0; move the interval end "
                          "(`end`) past the parent's days, set training.replay, or warm_start: none")
-    run_lineage = lineage.build(mode, parent.to_json() if parent else None, window, days)
+    run_lineage = lineage.build(mode, parent.to_json() if parent else None, window, days,
+                                lineage.chain_started(parent.lineage) if parent else None, refreshed)
     unlabelled: list[str] = []
     if days is not None:
         from lattice.data.label_time import never_known_in_window

@@ -5,6 +5,7 @@ run over the same batches in the same order; a config the old weights do not fit
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -252,3 +253,26 @@ def test_a_rule_started_retrain_trains_teacher_and_student_on_the_rest_of_the_tr
     assert student["epochs"][0]["examples"] == t["history"][0]["examples"]  # the same rows as its teacher
     with pytest.raises(ValueError, match=r"validation_share 1.5: give a share in \(0, 1\]"):
         train(warm, paths, model="teacher@bad", nproc=1, end=END_B, progress=False, validation_share=1.5)
+
+
+def test_refresh_every_sends_a_chain_of_warm_starts_back_to_scratch(setup) -> None:
+    """training.refresh_every: warm starts continue until their chain began that many days before
+    the run's interval end; that run trains from scratch on its whole window and starts a chain."""
+    cfg, paths = setup
+    warm = cfg.model_copy(update={"training": cfg.training.model_copy(update={"warm_start": "last", "refresh_every": "2d"})})
+    lin = lambda: json.loads((paths.model_dir("teacher@r") / "lineage.json").read_text())  # noqa: E731
+    shutil.rmtree(paths.model_dir("teacher@r"), ignore_errors=True)  # the tiny table's work dir outlives a session
+    train(warm, paths, model="teacher@r", nproc=1, end=END_A, progress=False)  # no parent yet
+    a = lin()
+    assert (a["warm_start"], a["chain_started"], a["refreshed"]) == ("none", END_A, None)
+    train(warm, paths, model="teacher@r", nproc=1, end=END_B, progress=False)  # one day on: continues
+    b = lin()
+    assert (b["warm_start"], b["chain_started"], b["refreshed"]) == ("last", END_A, None)
+    assert b["trained_days"] == ["2026-01-03"]
+    end_c = "2026-01-06"  # two days after the chain began: from scratch, on the whole window
+    train(warm, paths, model="teacher@r", nproc=1, end=end_c, progress=False)
+    c = lin()
+    assert (c["warm_start"], c["parent"], c["chain_started"]) == ("none", None, end_c)
+    assert c["refreshed"]["every"] == "2d" and c["refreshed"]["chain_started"] == END_A
+    assert c["trained_days"] == ["2026-01-03", "2026-01-04"]  # a warm start would train 2026-01-04 alone
+    assert c["days_seen"] == ["2026-01-03", "2026-01-04"]  # a new chain: the old days are not this model's

@@ -121,6 +121,8 @@ def test_a_validation_share_trains_on_the_rest_of_the_newest_day(config) -> None
     data = config.model_dump(mode="json")
     with pytest.raises(ValueError, match="training.window is unset"):
         PlatformConfig.model_validate({**data, "training": {**data["training"], "window": None, "window_validation": 0.2}})
+    with pytest.raises(ValueError, match="refresh_every 7d .*training.window is unset"):
+        PlatformConfig.model_validate({**data, "training": {**data["training"], "window": None, "refresh_every": "7d"}})
 
 
 def test_lineage_records_parent_days_and_judged_day(config) -> None:
