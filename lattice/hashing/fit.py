@@ -32,7 +32,7 @@ def fit_hashing(config: PlatformConfig, paths: Paths, master: str | None = None,
     newest day, as `train` takes them: the maps fit on the window's train rows only (the stored
     split marks rows of every day train, the window's validation and test days included, and
     `learned` clusters ids by their labels). The fit records the window; training refuses maps of
-    another one (`lattice.hashing.store.load_fitted`)."""
+    another one (`lattice.hashing.store.check_window`)."""
     from lattice.data.loader import find_table
     from lattice.data.window import fit_days
     from lattice.hashing import id_stats, maps

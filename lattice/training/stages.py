@@ -44,12 +44,13 @@ def _refresh(config: PlatformConfig, model: str, parent, window) -> dict | None:
     from lattice.training import lineage
 
     started = lineage.chain_started(parent.lineage)
-    if started is None or (as_date(window.end) - as_date(started)).days < window_days(every):
+    age = (as_date(window.end) - as_date(started)).days if started is not None else 0
+    if age < window_days(every):
         return None
     logging.getLogger(__name__).info(
         "training.refresh_every %s: %s's chain of warm starts began at %s, %d days before this run's interval end %s; "
         "it trains from scratch on the window (trees, id maps and dense statistics of the window)", every, model,
-        started, (as_date(window.end) - as_date(started)).days, window.end)
+        started, age, window.end)
     return {"every": every, "chain_started": started, "parent": str(parent.folder / "model.pt")}
 
 
