@@ -812,7 +812,9 @@ class Training(Strict):
     statistics, fitted at the chain's first run, so they age as the market moves; a refresh refits
     them on the run's window (the pipeline's fit steps). Unset: the chain goes on for ever. The
     lineage records when its chain began (`chain_started`) and why a run refreshed (`refreshed`).
-    See docs/living-over-days.md."""
+    Unset by default: on the moving demo market with the leaf features on, `7d` made the warm
+    teacher's next-day macro NE worse on every day after the first refresh, on two markets
+    (0.9640 -> 0.9710, 0.9290 -> 0.9447; docs/bench/market-life.md). See docs/living-over-days.md."""
     warm_dense_stats: Literal["keep", "refit"] = "keep"
     """Warm start: `keep` the parent's dense statistics (z-score means, deviations, clip bounds and
     the numeric encoders' bin edges), which its layers learned on, or `refit` them on the run's
