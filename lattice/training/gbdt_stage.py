@@ -35,21 +35,44 @@ from lattice.training.threads import machine_threads
 def read_rows(config: PlatformConfig, table, stats: DenseStats, days=None) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """Every row of the table as RowEncoder arrays (with truth), and its split name ("" for a row
     outside a windowed run's days). The boosters need the rows in memory; `Gbdt.max_train_rows`
-    bounds what they fit on."""
+    bounds what they fit on. A windowed run's train and validation rows carry the labels known at
+    its cutoff, as the deep models' loader gives them (training.label_delay: an impression whose
+    attribution window is still open is masked); its test rows keep their final labels."""
+    from lattice.data import label_time
+
     enc = RowEncoder(config, stats, with_truth=True)
+    cutoff = days.cutoff() if days is not None else None
+    delayed = label_time.delayed_objectives(config) if cutoff is not None else []
+    extra = ["date", "event_timestamp"] if days is not None else []
+    extra += [c for c in label_time.columns_needed(config) if c not in extra] if delayed else []
     parts: list[dict[str, np.ndarray]] = []
     splits: list[np.ndarray] = []
     for unit in scan_units(table):
-        tbl, part = read_unit(unit, enc.columns + ["split"] + (["date", "event_timestamp"] if days is not None else []))
+        tbl, part = read_unit(unit, enc.columns + ["split"] + extra)
         if tbl.num_rows == 0:
             continue
         names = np.full(tbl.num_rows, "", dtype=object)
         for s in ("train", "validation", "test"):
             names[_row_split(config, tbl, part, s, days)] = s  # the deep models' rule: the run's days, else the stored split
-        parts.append(enc.encode(tbl, part))
+        arrs = enc.encode(tbl, part)
+        if delayed:  # the labels the run could know when it trains, on the rows it learns and stops on
+            _labels_at_cutoff(arrs, label_time.apply_cutoff_arrow(tbl, cutoff, config), delayed,
+                              np.isin(names, ("train", "validation")))
+        parts.append(arrs)
         splits.append(names)
     arrs = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
     return arrs, np.concatenate(splits)
+
+
+def _labels_at_cutoff(arrs: dict[str, np.ndarray], cut, objectives: list[str], rows: np.ndarray) -> None:
+    """`arrs`' label and mask of `objectives` on `rows` replaced by the cut table's (the same rows)."""
+    from lattice.data import schema as S
+
+    for o in objectives:
+        for kind, col in (("label", S.label_column(o)), ("mask", S.mask_column(o))):
+            if col in cut.column_names:
+                known = np.nan_to_num(cut.column(col).to_numpy(zero_copy_only=False).astype(np.float64))
+                arrs[f"{kind}:{o}"] = np.where(rows, known, arrs[f"{kind}:{o}"]).astype(arrs[f"{kind}:{o}"].dtype)
 
 
 def _fit_rows(split: np.ndarray, cap: int | None, seed: int) -> np.ndarray:

@@ -371,3 +371,33 @@ def test_a_matured_rows_zipper_head_trains_only_if_it_closed_since_the_parent(ma
     # 3d head teaches; the other rows keep their click
     taught = teaches(cut, cfg, new)
     assert (taught[10:] == trains[10:]).all() and 0 < trains[10:].sum() < 290 and taught[:10].all()
+
+
+def test_the_boosters_rows_carry_the_labels_a_windowed_run_knows_at_its_cutoff(market, tmp_path: Path) -> None:
+    """The rows the leaf features' trees and the gbdt baselines fit on (`read_rows`): a windowed
+    run's train and validation rows carry the labels known at its cutoff, as the deep models'
+    loader gives them; its test rows keep their final labels."""
+    from lattice.data.loader import fit_dense_stats
+    from lattice.data.local_consolidate import consolidate, write_parquet
+    from lattice.data.synth import generate
+    from lattice.data.window import resolve
+    from lattice.paths import Paths
+    from lattice.training.gbdt_stage import read_rows
+
+    syn = market.synthetic.model_copy(update={"users": 500, "ads": 100, "chunk_rows": 1000, "days": 10})
+    cfg = market.model_copy(update={"synthetic": syn, "training": market.training.model_copy(update={"window": "8d"})})
+    generate(cfg, 3_000, tmp_path / "raw", progress=False)
+    df = consolidate(cfg, Paths(tmp_path / "wd", tmp_path / "raw"))
+    root = tmp_path / "table"
+    write_parquet(df, root / "part-0.parquet")
+    days = resolve(cfg, root, "2026-01-10").splits()  # train 01-02..08, validation 01-09, test 01-10
+    arrs, split = read_rows(cfg, root, fit_dense_stats(cfg, root, days), days)
+    known = mask_at_cutoff(df, days.cutoff(), cfg)
+    learn, test = np.isin(split, ["train", "validation"]), split == "test"
+    for col, key in ((S.mask_column("conversion"), "mask:conversion"), (S.label_column("conversion"), "label:conversion")):
+        np.testing.assert_array_equal(arrs[key][learn], known[col].to_numpy()[learn])
+        np.testing.assert_array_equal(arrs[key][test], df[col].to_numpy()[test])
+    final = df[S.mask_column("conversion")].to_numpy()
+    # the windows still open at the cutoff are masked, the closed ones (the oldest train day) are not
+    assert 0 < arrs["mask:conversion"][learn].sum() < final[learn].sum()
+    np.testing.assert_array_equal(arrs["mask:click"], df[S.mask_column("click")].to_numpy())  # no window: unchanged
