@@ -10,6 +10,7 @@ floating-point representation for clustering is derived from them on the driver.
 
 from __future__ import annotations
 
+import datetime as dt
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -75,7 +76,7 @@ def train_frame(spark, config: PlatformConfig, table: Path, days: "DaySplits | N
 
     df = spark.read.parquet(str(table))
     if days is not None:
-        return df.where(window_train_sql(df, days)), "split" in df.columns
+        return known_labels(df, config, days.cutoff()).where(window_train_sql(df, days)), "split" in df.columns
     if "split" in df.columns:
         return df.where(F.col("split") == "train"), True
     # a table written before the split column existed: the loader applies the hash rule
@@ -93,6 +94,39 @@ def row_date_sql(df):
         return F.date_format(F.col("event_timestamp"), "yyyy-MM-dd")
     raise ValueError("a windowed fit (training.window) needs each example's date: the table has no `date` "
                      "partition or column and no `event_timestamp`; rebuild it with `lattice features CONFIG`")
+
+
+def known_labels(df, config: PlatformConfig, cutoff):
+    """The Spark twin of `lattice.data.label_time.mask_at_cutoff`: each delayed objective's label
+    and mask as a run training at `cutoff` knows them (training.label_delay), so that `learned`
+    hashing clusters ids on the labels the network trains on, not on conversions that arrived
+    after the run. Objectives without an attribution window, and a cutoff of None, pass through."""
+    from pyspark.sql import functions as F
+
+    from lattice.config.timing import attribution_window
+    from lattice.data.label_time import delayed_objectives, main_mode
+
+    if cutoff is None:
+        return df
+    mode = main_mode(config.training.label_delay)
+    # as text in the session's time zone (UTC): a Python datetime would be read in the driver's local zone
+    naive = cutoff.astimezone(dt.timezone.utc).replace(tzinfo=None) if cutoff.tzinfo else cutoff
+    at = F.to_timestamp(F.lit(naive.strftime("%Y-%m-%d %H:%M:%S")))
+    for o in delayed_objectives(config):
+        lab, mask, known = S.label_column(o), S.mask_column(o), S.known_column(o)
+        if lab not in df.columns or mask not in df.columns:
+            continue
+        seconds = int(attribution_window(config, o).total_seconds())
+        closes = F.col("event_timestamp") + F.expr(f"INTERVAL {seconds} SECONDS")
+        if mode == "mask":  # masked while the window is open, whatever arrived already
+            closed = closes <= at
+            df = df.withColumn(lab, F.when(closed, F.col(lab)).otherwise(F.lit(0)).cast(df.schema[lab].dataType))
+            df = df.withColumn(mask, F.when(closed, F.col(mask)).otherwise(F.lit(0)).cast(df.schema[mask].dataType))
+        else:  # naive: a positive counts once known, anything else is a negative
+            arrived = F.coalesce(F.col(known), closes) if known in df.columns else closes
+            seen = (F.coalesce(F.col(lab), F.lit(0)) > 0) & (arrived <= at)
+            df = df.withColumn(lab, seen.cast(df.schema[lab].dataType))
+    return df
 
 
 def window_train_sql(df, days: "DaySplits"):

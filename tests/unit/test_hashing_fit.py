@@ -407,3 +407,34 @@ def test_a_windowed_fit_counts_only_the_windows_train_rows_and_training_refuses_
     with pytest.raises(FitStaleError, match=r"stored split \(no window\)"):  # training refuses it before anything moves
         train(windowed, paths, "teacher", end=end)
     assert not paths.model_dir("teacher").exists()
+
+
+@pytest.mark.parametrize("mode", ["mask", "naive"])
+def test_the_spark_labels_at_a_cutoff_agree_with_the_loaders(spark, mode) -> None:
+    """`id_stats.known_labels` (the hashing fit's labels under training.window) gives each delayed
+    objective the labels and masks `label_time.mask_at_cutoff` gives the loader, on rows whose
+    conversion arrived before, after, or never; the click (no window) passes through."""
+    import datetime as dt
+
+    import pandas as pd
+
+    from lattice.data import schema as S
+    from lattice.data.label_time import mask_at_cutoff
+    from lattice.hashing.id_stats import known_labels
+
+    market = load_config(ROOT / "bench" / "configs" / "demo_market.yaml")
+    cfg = market.model_copy(update={"training": market.training.model_copy(update={"label_delay": mode})})
+    t0 = pd.Timestamp("2026-01-05 12:00", tz="UTC")
+    log = pd.DataFrame({
+        "example_id": ["late", "never", "prompt", "old"],
+        "event_timestamp": [t0, t0, t0, t0 - pd.Timedelta(days=8)],
+        S.label_column("click"): np.array([1, 0, 1, 1], np.int8), S.mask_column("click"): np.ones(4, np.int8),
+        S.label_column("conversion"): np.array([1, 0, 1, 1], np.int8), S.mask_column("conversion"): np.ones(4, np.int8),
+        S.known_column("conversion"): [t0 + pd.Timedelta(days=2), pd.NaT, t0 + pd.Timedelta(minutes=30),
+                                       t0 - pd.Timedelta(days=7)]})
+    for cutoff in (dt.datetime(2026, 1, 6), dt.datetime(2026, 1, 8), dt.datetime(2026, 1, 13)):
+        want = mask_at_cutoff(log, cutoff, cfg)
+        got = known_labels(spark.createDataFrame(log), cfg, cutoff).toPandas().set_index("example_id").loc[log.example_id]
+        for col in (S.label_column("conversion"), S.mask_column("conversion"), S.label_column("click")):
+            assert got[col].astype(int).tolist() == want[col].astype(int).tolist(), (mode, cutoff, col)
+    assert want[S.mask_column("conversion")].tolist() == [1, 1, 1, 1]  # every window closed by the last cutoff
