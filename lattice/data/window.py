@@ -222,13 +222,19 @@ class FitDays:
     """The window and the share of its newest day held out, as a fit's manifest keeps it."""
 
 
+def held_out_share(config: PlatformConfig, validation_share: float | None) -> float:
+    """The share of the window's newest day a run holds out: its own (a retrain a rule started
+    passes one), else training.window_validation."""
+    return config.training.window_validation if validation_share is None else validation_share
+
+
 def fit_days(config: PlatformConfig, table: Path, end: str | None, validation_share: float | None) -> FitDays:
     """The train / validation days of the run that ends at `end` with `validation_share` of its
     newest day held out (training.window_validation by default), as `train` resolves them."""
     window = resolve(config, table, end)
     if window is None:
         return FitDays(None, None, None)
-    held_out = config.training.window_validation if validation_share is None else validation_share
+    held_out = held_out_share(config, validation_share)
     return FitDays(window, window.splits(validation_share=held_out), {**window.to_json(), "validation_share": held_out})
 
 

@@ -202,9 +202,9 @@ def check_window(config: PlatformConfig, paths: Paths, window, validation_share:
     counted the ids and (learned) the labels of this run's validation or test rows, and so may a
     fit that held out less of the newest day than the run does. Raises FitStaleError naming the
     command; a missing fit is left to `load_fitted`."""
-    from lattice.data.window import fitted_elsewhere
+    from lattice.data.window import fitted_elsewhere, held_out_share
 
-    held_out = config.training.window_validation if validation_share is None else validation_share
+    held_out = held_out_share(config, validation_share)
     wrong: list[str] = []
     for f in needs_fit(config):
         try:

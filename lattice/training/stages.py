@@ -103,7 +103,7 @@ def train(config: PlatformConfig, paths: Paths, model: str = "teacher", nproc: i
     from lattice.trees.leaves import forest_for
 
     out = paths.model_dir(model)
-    from lattice.data.window import resolve as resolve_window
+    from lattice.data.window import held_out_share, resolve as resolve_window
     from lattice.training import lineage, warm_start as ws
 
     window = resolve_window(config, table, end or data_end)
@@ -129,7 +129,7 @@ def train(config: PlatformConfig, paths: Paths, model: str = "teacher", nproc: i
         raise ValueError(f"validation_share {validation_share} holds out a share of a window's newest day, and "
                          "training.window is unset: set training.window (e.g. '14d') or leave validation_share out")
     days = window.splits(parent.days_seen if parent else (), config.training.replay if parent else 0.0,
-                         config.training.window_validation if validation_share is None else validation_share,
+                         held_out_share(config, validation_share),
                          rotate_replay=config.training.replay_rows == "rotating") if window else None
     if days is not None and parent is not None:
         _add_matured_days(config, days, window, parent)

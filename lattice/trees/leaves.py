@@ -337,8 +337,9 @@ def forest_for(config, paths, kind: str, parent_blob: dict | None = None, window
         raise NoTreeFit(f"models.leaves.fit_share is {setting} but the tree fit at {paths.trees} was fitted on a share "
                         f"of {forest.fit_share} of the train rows; refit it with `lattice trees fit {hint}`")
     if window is not None:
-        held_out = config.training.window_validation if validation_share is None else validation_share
-        _same_window(forest, window, paths, hint, held_out)
+        from lattice.data.window import held_out_share
+
+        _same_window(forest, window, paths, hint, held_out_share(config, validation_share))
     return forest
 
 
